@@ -1,0 +1,45 @@
+# Two commands for a newcomer: `make sweep` (the main job) and `make test` (the tests).
+# Both bootstrap a local .venv from pyproject.toml the first time.
+#
+# On a machine whose python already has a CUDA torch and triton (the H200 image), skip the venv:
+#   make sweep PY=python3        (installs batchinv into that python with --no-deps first)
+
+PY ?= .venv/bin/python
+# On a machine without a GPU, install torch's CPU build first so pip does not pull a multi-GB
+# CUDA build (this workplace ships torch 2.13.0+cpu as a local wheel).  Override as needed.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?= -n auto
+SWEEP_ARGS ?=
+
+.PHONY: sweep test lint bench clean
+
+ifeq ($(PY),.venv/bin/python)
+STAMP := .venv/.installed
+$(STAMP): pyproject.toml
+	python3 -m venv .venv
+	.venv/bin/python -m pip install -q --upgrade pip
+	.venv/bin/python -m pip install -q "$(TORCH_SPEC)"
+	.venv/bin/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+else
+STAMP := .stamp-$(notdir $(PY))
+$(STAMP): pyproject.toml
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+endif
+
+sweep: $(STAMP)
+	$(PY) -m batchinv.harness.cli sweep $(SWEEP_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy harness reference
+
+bench: $(STAMP)
+	$(PY) -m batchinv.harness.cli bench
+
+clean:
+	rm -rf .venv .stamp-* build *.egg-info

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# cpu lane: every test that runs in the Triton interpreter (no GPU needed), then the sweep.
+# Where: any machine; this is what CI runs through `make test` (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+make test PYTEST_ARGS="-n auto --lane cpu"
+make sweep SWEEP_ARGS="--lane cpu --no-progress"

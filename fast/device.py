@@ -1,0 +1,51 @@
+"""Where a Triton kernel can run: a CUDA device, or the CPU under the Triton interpreter.
+
+The cpu lane runs every kernel through Triton's interpreter (``TRITON_INTERPRET=1``, set before
+triton is imported); there CPU tensors are valid kernel operands.  Everywhere else a launcher
+must be handed CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from batchinv.reference.errors import DeviceError
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in the interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def check_launch_device(argument: str, tensor: torch.Tensor) -> None:
+    """Raise :class:`DeviceError` unless ``tensor`` can be a kernel operand here.
+
+    CUDA tensors always can; CPU tensors only under the interpreter.
+    """
+    if tensor.device.type == "cuda":
+        return
+    if tensor.device.type == "cpu" and interpreting():
+        return
+    raise DeviceError(
+        argument,
+        "a CUDA tensor (or a CPU tensor with TRITON_INTERPRET=1)",
+        f"a tensor on {tensor.device}",
+    )
+
+
+def sm_count(device: torch.device | None = None) -> int:
+    """The number of streaming multiprocessors of ``device`` (a nominal 4 under the interpreter)."""
+    if device is not None and device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    if device is None and torch.cuda.is_available() and not interpreting():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return 4
+
+
+def arch(device: torch.device | None = None) -> str:
+    """The architecture key used by config tables: ``"sm90"``, ``"sm100"``, ... or ``"interp"``."""
+    if device is not None and device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"sm{major}{minor}"
+    return "interp"

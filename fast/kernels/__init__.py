@@ -1,0 +1,1 @@
+"""Only ``@triton.jit`` code lives here; launchers (validation, config, grid) live in ``fast/``."""

@@ -1,0 +1,154 @@
+"""``batchinv bench``: CUDA-graph replay timed with CUDA events, fast vs baselines.
+
+For every bench case of a component, each implementation (the fast kernel and every baseline
+that runs in-process on this lane) is warmed up, captured ``INNER`` times into one CUDA graph,
+and the graph is replayed ``reps`` times, each replay bracketed by events; the time per call is
+the median replay time over ``INNER``.  An implementation that cannot be captured (it syncs
+with the host, say) is timed eagerly the same way and marked ``eager``.  The ratio is
+fast / baseline: below 1 the fast kernel is quicker.
+
+Caveat, stated in every report: operands are not rotated, so a case whose operands fit in L2
+(50 MB on an H200) is timed warm for every implementation alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from batchinv.harness.lanes import Lane
+
+INNER = 10
+
+
+@dataclass
+class BenchPoint:
+    component: str
+    case: str
+    implementation: str
+    microseconds: float
+    mode: str  # "graph" or "eager"
+    ratio_to_fast: float | None = None
+
+
+def time_call(fn: Callable[[], Any], reps: int) -> tuple[float, str]:
+    """Median microseconds per call of ``fn`` on the current CUDA stream, and the mode used."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    mode = "graph"
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(INNER):
+                fn()
+        torch.cuda.synchronize()
+
+        def run() -> None:
+            graph.replay()
+
+    except Exception:
+        mode = "eager"
+        torch.cuda.synchronize()
+
+        def run() -> None:
+            for _ in range(INNER):
+                fn()
+
+    samples = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0 / INNER)
+    return statistics.median(samples), mode
+
+
+def bench_component(component: Any, lane: Lane, reps: int) -> list[BenchPoint]:
+    """Time fast and every in-process baseline on each of ``component.bench_cases(lane)``."""
+    import torch
+
+    points: list[BenchPoint] = []
+    device = torch.device("cuda")
+    for case in component.bench_cases(lane):
+        batch = component.build(case, device)
+        kwargs = batch.kwargs()
+        impls = [("fast", component.fast)] + [
+            (b.name, b.fn) for b in component.baselines if lane in b.lanes and not b.is_pin_candidate
+        ]
+        fast_us = None
+        for name, fn in impls:
+            try:
+                us, mode = time_call(functools.partial(fn, **kwargs), reps)
+            except Exception as exc:  # report and go on
+                print(f"bench {component.name} {name} [{case.id}]: error {type(exc).__name__}: {exc}")
+                continue
+            if name == "fast":
+                fast_us = us
+            ratio = None if fast_us is None or name == "fast" else fast_us / us
+            points.append(BenchPoint(component.name, case.id, name, us, mode, ratio))
+    return points
+
+
+def main(lane: Lane, names: Sequence[str], out: Path | None, reps: int) -> int:
+    """Entry point of ``batchinv bench``; prints a rich table, optionally writes JSON + markdown."""
+    from batchinv.harness.registry import components
+    from batchinv.harness.report import environment
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not lane.is_gpu:
+        console.print(
+            "batchinv bench needs a GPU lane (CUDA graphs and events); this is the cpu lane: nothing to time."
+        )
+        return 0
+    env = environment(lane)
+    points: list[BenchPoint] = []
+    for comp in components(list(names) or None):
+        points += bench_component(comp, lane, reps)
+    table = Table(title=f"batchinv bench — {env['device']} — torch {env['torch']}, triton {env['triton']}")
+    for col in ("component", "case", "implementation", "us/call", "fast/baseline", "mode"):
+        table.add_column(col)
+    for p in points:
+        ratio = "-" if p.ratio_to_fast is None else f"{p.ratio_to_fast:.2f}x"
+        table.add_row(p.component, p.case, p.implementation, f"{p.microseconds:.1f}", ratio, p.mode)
+    console.print(table)
+    console.print(
+        "operands are not rotated between replays: cases that fit in L2 are timed warm for all alike."
+    )
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".json").write_text(
+            json.dumps({"environment": env, "points": [asdict(p) for p in points]}, indent=1),
+            encoding="utf-8",
+        )
+        lines = [
+            f"Bench {env['date']} on {env['device']} (torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}); "
+            f"CUDA graph of {INNER} calls, median of {reps} replays.",
+            "",
+            "| component | case | implementation | us/call | fast/baseline | mode |",
+            "|---|---|---|---|---|---|",
+        ]
+        for p in points:
+            ratio = "-" if p.ratio_to_fast is None else f"{p.ratio_to_fast:.2f}x"
+            lines.append(
+                f"| {p.component} | {p.case} | {p.implementation} | {p.microseconds:.1f} | {ratio} | {p.mode} |"
+            )
+        out.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return 0

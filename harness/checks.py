@@ -1,0 +1,273 @@
+"""Run one check of one component on one case, for the fast kernel or a baseline.
+
+This is where the registry meets the drivers: it builds the case's inputs, calls the right
+driver, times it, turns any exception into an error row (the sweep goes on), and writes the
+one-line reproduction.  Pin candidates (baselines with ``env``) run in a subprocess, since the
+libraries they configure read their environment at handle creation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from batchinv.harness import invariance
+from batchinv.harness.compare import compare_bitwise, compare_tolerance
+from batchinv.harness.lanes import Lane, lane_device
+from batchinv.harness.registry import (
+    ROW_OFFSETS,
+    Batch,
+    Case,
+    Component,
+    Exact,
+    Outputs,
+    as_outputs,
+    m_sweep,
+)
+
+FAST = "fast"
+
+
+@dataclass
+class CheckResult:
+    """One row of the report: a check of one subject (fast or a baseline) on one case.
+
+    ``status`` is ``pass``, ``fail``, ``error`` (the check crashed) or ``skip``.
+    """
+
+    component: str
+    subject: str
+    check: str
+    case: str
+    axes: dict[str, Any]
+    seed: int
+    lane: str
+    status: str
+    rows_total: int = 0
+    rows_differing: int = 0
+    worst_ulp: float | None = None
+    worst_abs: float | None = None
+    worst_rel: float | None = None
+    where: list[str] = field(default_factory=list)
+    detail: str = ""
+    seconds: float = 0.0
+    repro: str = ""
+    negative_control: bool = False
+    pin_candidate: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), default=str)
+
+
+def repro_command(component: str, subject: str, check: str, case: Case, lane: Lane) -> str:
+    """The one-line command that re-runs exactly this check on exactly this case."""
+    return (
+        f"batchinv repro {component} --check {check} --subject {subject} --lane {lane.value} "
+        f"--seed {case.seed} --axes {shlex.quote(case.axes_json())}"
+    )
+
+
+def _impl(component: Component, subject: str) -> Any:
+    return component.fast if subject == FAST else component.baseline(subject).fn
+
+
+def run_check(
+    component: Component,
+    subject: str,
+    check: str,
+    case: Case,
+    lane: Lane,
+    *,
+    m_limit: int | None = None,
+) -> CheckResult:
+    """Run ``check`` (see :data:`registry.CHECKS`) of ``subject`` on ``case`` and report it.
+
+    Never raises for a failure inside the check: a crash becomes a ``status="error"`` row with
+    the traceback's last line in ``detail``.
+    """
+    baseline = None if subject == FAST else component.baseline(subject)
+    result = CheckResult(
+        component=component.name,
+        subject=subject,
+        check=check,
+        case=case.id,
+        axes=dict(case.axes),
+        seed=case.seed,
+        lane=lane.value,
+        status="error",
+        repro=repro_command(component.name, subject, check, case, lane),
+        negative_control=baseline is not None and not baseline.is_pin_candidate,
+        pin_candidate=baseline is not None and baseline.is_pin_candidate,
+    )
+    start = time.perf_counter()
+    try:
+        if baseline is not None and baseline.is_pin_candidate and os.environ.get(_CHILD_ENV) != "1":
+            _run_in_subprocess(result, baseline.env or {}, m_limit)
+        else:
+            _run(component, subject, check, case, lane, result, m_limit)
+    except Exception as exc:  # an error row, and the sweep goes on
+        result.status = "error"
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        result.detail = last
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _run(
+    component: Component,
+    subject: str,
+    check: str,
+    case: Case,
+    lane: Lane,
+    result: CheckResult,
+    m_limit: int | None,
+) -> None:
+    device = torch.device(lane_device(lane))
+    batch = component.build(case, device)
+    impl = _impl(component, subject)
+
+    def call(b: Batch) -> Outputs:
+        return as_outputs(impl(**b.kwargs()))
+
+    if check == "agreement":
+        _agreement(component, batch, call(batch), result)
+        return
+    generator = torch.Generator().manual_seed(case.seed + 1_000_003)
+    if check == "batch_prefix":
+        driver = invariance.batch_prefix(call, batch, m_sweep(lane, m_limit))
+    elif check == "position":
+        neighbours = component.build(case.with_seed(case.seed + 7919), device)
+        n = batch.num_rows
+        targets = sorted({0, n - 1, int(torch.randint(n, (1,), generator=generator))})
+        m = neighbours.num_rows
+        positions = sorted({0, 1, m // 2, m - 1, int(torch.randint(m, (1,), generator=generator))})
+        driver = invariance.position(call, batch, neighbours, targets, positions)
+    elif check == "row_start":
+        if component.shift_row_start is None:
+            result.status, result.detail = "skip", "no row window"
+            return
+        offsets = (*ROW_OFFSETS, int(torch.randint(34, 300, (1,), generator=generator)))
+        driver = invariance.row_start(call, batch, component.shift_row_start, offsets, generator)
+    elif check == "partition":
+        arg = component.partition_arg
+        accepts = subject == FAST or component.baseline(subject).accepts_partition
+        if arg is None or not accepts:
+            result.status, result.detail = "skip", "no partition parameter"
+            return
+
+        def call_with(b: Batch, count: int | None) -> Outputs:
+            kwargs = b.kwargs()
+            if count is not None:
+                kwargs[arg] = count
+            return as_outputs(impl(**kwargs))
+
+        from batchinv.fast.device import sm_count
+
+        driver = invariance.partition(
+            call_with, batch, invariance.sm_partition_counts(sm_count(device if lane.is_gpu else None))
+        )
+    elif check == "repeat":
+        driver = invariance.repeat(call, batch)
+    else:
+        raise ValueError(
+            f"check: expected one of agreement, batch_prefix, position, row_start, partition, repeat; got {check!r}"
+        )
+    result.status = "pass" if driver.passed else "fail"
+    result.rows_total = driver.rows_total
+    result.rows_differing = driver.rows_differing
+    result.worst_ulp = driver.worst_ulp
+    result.where = driver.where
+    result.detail = driver.detail
+
+
+def _agreement(component: Component, batch: Batch, fast_out: Outputs, result: CheckResult) -> None:
+    ref_out = as_outputs(component.reference(**batch.kwargs()))
+    result.rows_total = fast_out[0].shape[0] if fast_out[0].dim() else 1
+    if len(ref_out) != len(fast_out):
+        result.status, result.detail = "fail", f"{len(fast_out)} outputs, reference has {len(ref_out)}"
+        return
+    agreement = component.agreement
+    if isinstance(agreement, Exact):
+        reports = [compare_bitwise(r, f) for r, f in zip(ref_out, fast_out, strict=True)]
+        bad = [r for r in reports if not r.equal]
+        result.status = "fail" if bad else "pass"
+        result.rows_differing = max((r.rows_differing for r in reports), default=0)
+        ulps = [r.worst_ulp for r in bad if r.worst_ulp is not None]
+        result.worst_ulp = max(ulps) if ulps else (0.0 if not bad else None)
+        result.detail = str(bad[0]) if bad else "bitwise equal to the reference"
+        return
+    bounds = agreement.bound(batch, ref_out)
+    reports_t = [compare_tolerance(r, f, b) for r, f, b in zip(ref_out, fast_out, bounds, strict=True)]
+    bad_t = [r for r in reports_t if not r.within]
+    result.status = "fail" if bad_t else "pass"
+    result.rows_differing = max((r.rows_outside for r in reports_t), default=0)
+    result.worst_ulp = max(r.worst_ulp for r in reports_t)
+    result.worst_abs = max(r.worst_abs for r in reports_t)
+    result.worst_rel = max(r.worst_rel for r in reports_t)
+    result.detail = str(bad_t[0] if bad_t else max(reports_t, key=lambda r: r.worst_abs))
+
+
+_CHILD_ENV = "BATCHINV_CHECK_CHILD"
+
+
+def _run_in_subprocess(result: CheckResult, env: dict[str, str] | Any, m_limit: int | None) -> None:
+    spec = {
+        "component": result.component,
+        "subject": result.subject,
+        "check": result.check,
+        "axes": result.axes,
+        "seed": result.seed,
+        "lane": result.lane,
+        "m_limit": m_limit,
+    }
+    child_env = {**os.environ, **dict(env), _CHILD_ENV: "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "batchinv.harness.checks", json.dumps(spec)],
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"pin-candidate subprocess exited {proc.returncode}: {tail}")
+    child = json.loads(lines[-1])
+    for key in (
+        "status",
+        "rows_total",
+        "rows_differing",
+        "worst_ulp",
+        "worst_abs",
+        "worst_rel",
+        "where",
+        "detail",
+    ):
+        setattr(result, key, child[key])
+
+
+def _child_main(argv: list[str]) -> int:
+    from batchinv.harness.lanes import Lane as _Lane
+    from batchinv.harness.lanes import enter_lane
+    from batchinv.harness.registry import get
+
+    spec = json.loads(argv[0])
+    lane = _Lane(spec["lane"])
+    enter_lane(lane)
+    component = get(spec["component"])
+    case = Case(component.name, spec["axes"], spec["seed"])
+    out = run_check(component, spec["subject"], spec["check"], case, lane, m_limit=spec["m_limit"])
+    print(out.to_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))

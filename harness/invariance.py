@@ -1,0 +1,162 @@
+"""Invariance drivers: generic checks that a row's bits depend on that row alone.
+
+Each driver takes an implementation as ``fn(batch) -> Outputs`` (see
+:mod:`batchinv.harness.registry`) and returns a :class:`DriverResult`.  They know nothing about
+components, so the harness tests can hand them planted functions that depend on M, on
+position, on row_start or on the partition count, and watch each driver catch its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from batchinv.harness.compare import BitwiseReport, compare_bitwise
+from batchinv.harness.registry import Batch, Outputs, as_outputs
+
+Impl = Callable[[Batch], Outputs]
+
+
+@dataclass
+class DriverResult:
+    """The outcome of one invariance check on one case.
+
+    Attributes:
+        passed: every comparison was bitwise equal.
+        rows_total: rows compared (per sweep point).
+        rows_differing: distinct rows that differed at any sweep point.
+        worst_ulp: the largest ULP distance seen (None if all equal or not a float).
+        where: the sweep points that failed, e.g. ``["M=7", "M=15"]``.
+        detail: the first failing comparison's report.
+    """
+
+    passed: bool = True
+    rows_total: int = 0
+    rows_differing: int = 0
+    worst_ulp: float | None = None
+    where: list[str] = field(default_factory=list)
+    detail: str = ""
+    _rows: set[int] = field(default_factory=set, repr=False)
+
+    def record(
+        self, label: str, reports: Sequence[BitwiseReport], row_ids: Sequence[int] | None = None
+    ) -> None:
+        """Fold in the per-output reports of one sweep point (``row_ids`` maps local rows to ids)."""
+        self.rows_total = max(self.rows_total, max((r.rows_total for r in reports), default=0))
+        bad = [r for r in reports if not r.equal]
+        if not bad:
+            return
+        self.passed = False
+        self.where.append(label)
+        for r in bad:
+            rows = r.differing_rows or list(range(r.rows_differing))
+            self._rows.update(row_ids[i] if row_ids is not None else i for i in rows)
+            if r.worst_ulp is not None:
+                self.worst_ulp = max(self.worst_ulp or 0.0, r.worst_ulp)
+        self.rows_differing = len(self._rows)
+        if not self.detail:
+            self.detail = f"{label}: {bad[0]}"
+
+
+def compare_outputs(expected: Outputs, actual: Outputs) -> list[BitwiseReport]:
+    """Bitwise reports of each output pair (a count mismatch is a failure)."""
+    if len(expected) != len(actual):
+        n = expected[0].shape[0] if expected and expected[0].dim() else 1
+        return [BitwiseReport(False, n, n, reason=f"{len(actual)} outputs, expected {len(expected)}")]
+    return [compare_bitwise(e, a) for e, a in zip(expected, actual, strict=True)]
+
+
+def _rows(outputs: Outputs, index: slice | int) -> Outputs:
+    if isinstance(index, int):
+        index = slice(index, index + 1)
+    return tuple(o[index] for o in outputs)
+
+
+def _call(fn: Impl, batch: Batch) -> Outputs:
+    return tuple(o.detach().clone() for o in as_outputs(fn(batch)))
+
+
+def batch_prefix(fn: Impl, batch: Batch, ms: Sequence[int]) -> DriverResult:
+    """``fn(batch[:M]) == fn(batch)[:M]`` bitwise for every ``M`` in ``ms`` (M <= rows)."""
+    result = DriverResult()
+    full = _call(fn, batch)
+    for m in ms:
+        if m > batch.num_rows:
+            continue
+        part = _call(fn, batch.take(slice(0, m)))
+        result.record(f"M={m}", compare_outputs(_rows(full, slice(0, m)), part))
+    return result
+
+
+def position(
+    fn: Impl,
+    batch: Batch,
+    neighbours: Batch,
+    targets: Sequence[int],
+    positions: Sequence[int],
+) -> DriverResult:
+    """Row ``t`` of ``batch`` gives the same bits at any position among ``neighbours``' rows.
+
+    For each target row ``t``: its output inside ``batch`` is the expectation; then row ``p`` of
+    ``neighbours`` is replaced by row ``t`` for each ``p`` in ``positions`` and the output at ``p``
+    must be bitwise equal.
+    """
+    result = DriverResult()
+    alone = _call(fn, batch)
+    n = neighbours.num_rows
+    for t in targets:
+        expected = _rows(alone, t)
+        for p in positions:
+            if not 0 <= p < n:
+                continue
+            placed = Batch.concat(
+                [neighbours.take(slice(0, p)), batch.take([t]), neighbours.take(slice(p + 1, n))]
+            )
+            got = _rows(_call(fn, placed), p)
+            result.record(f"row {t} at position {p}/{n}", compare_outputs(expected, got), [t])
+    return result
+
+
+def row_start(
+    fn: Impl,
+    batch: Batch,
+    shift: Callable[[Batch, int, torch.Generator], Batch],
+    offsets: Sequence[int],
+    generator: torch.Generator,
+) -> DriverResult:
+    """The same logical rows placed at each ``row_start`` offset give the same row-local bits."""
+    result = DriverResult()
+    expected = _call(fn, batch)
+    for off in offsets:
+        got = _call(fn, shift(batch, off, generator))
+        result.record(f"row_start+={off}", compare_outputs(expected, got))
+    return result
+
+
+def partition(
+    fn: Callable[[Batch, int | None], Outputs], batch: Batch, counts: Sequence[int]
+) -> DriverResult:
+    """Any planned partition / SM count gives the same bits as the default plan (``None``)."""
+    result = DriverResult()
+    expected = tuple(o.detach().clone() for o in as_outputs(fn(batch, None)))
+    for count in counts:
+        got = tuple(o.detach().clone() for o in as_outputs(fn(batch, count)))
+        result.record(f"partitions={count}", compare_outputs(expected, got))
+    return result
+
+
+def repeat(fn: Impl, batch: Batch, times: int = 3) -> DriverResult:
+    """Repeated calls give the same bits, also after a call of another shape in between."""
+    result = DriverResult()
+    first = _call(fn, batch)
+    for i in range(1, times):
+        if batch.num_rows > 1:
+            _call(fn, batch.take(slice(0, max(1, batch.num_rows // 2))))
+        result.record(f"call {i + 1}", compare_outputs(first, _call(fn, batch)))
+    return result
+
+
+def sm_partition_counts(sm_count: int) -> tuple[int, ...]:
+    """The partition axis of DESIGN.md: 1, 2, 3, SMs, SMs + 1, 2 * SMs + 1 (deduplicated)."""
+    return tuple(dict.fromkeys((1, 2, 3, sm_count, sm_count + 1, 2 * sm_count + 1)))

@@ -1,0 +1,283 @@
+"""The component registry, in the spirit of PyTorch's OpInfo.
+
+Each component (``harness/components/<name>.py``) defines one :class:`Component`: its
+reference, fast kernel, unpinned baselines, case generator, error inputs, agreement kind and
+lanes.  The CLI, the pytest plugin, the benchmarks and the reports all read this registry;
+:data:`COMPONENT_MODULES` is the one place that lists the components.
+
+Data model:
+
+* a :class:`Case` is a point of the sweep: JSON-able ``axes`` (shape, dtype, bit pattern...)
+  plus a ``seed``; ``Component.build(case, device)`` turns it into a :class:`Batch`
+  deterministically (its own ``torch.Generator`` seeded from ``case.seed``).
+* a :class:`Batch` is one launch's inputs: ``rows`` (tensors whose dim 0 is the row axis) and
+  ``shared`` operands (weights, k, eps...).  ``fn(**batch.kwargs())`` calls an implementation.
+* an implementation returns one tensor or a tuple of tensors, each with dim 0 = rows.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from batchinv.harness.lanes import Lane
+
+#: The one list of registered components (module names under ``batchinv.harness.components``).
+COMPONENT_MODULES: tuple[str, ...] = (
+    "topk",
+    "matmul",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "softmax",
+    "log_softmax",
+    "mean",
+)
+
+#: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.
+M_SWEEP: tuple[int, ...] = (1, 2, 7, 8, 15, 16, 17, 32, 33, 64, 65, 128, 512, 2048)
+M_SWEEP_GPU_EXTRA: tuple[int, ...] = (4096,)
+
+#: Default row offsets for the row_start check.
+ROW_OFFSETS: tuple[int, ...] = (0, 1, 7, 31, 32, 33)
+
+ALL_LANES: frozenset[Lane] = frozenset(Lane)
+GPU_LANES: frozenset[Lane] = frozenset({Lane.SM90, Lane.SM100})
+
+
+def m_sweep(lane: Lane, limit: int | None = None) -> tuple[int, ...]:
+    """The M sweep of ``lane``, cut at ``limit`` rows (inclusive) when given."""
+    values = M_SWEEP + (M_SWEEP_GPU_EXTRA if lane.is_gpu else ())
+    return tuple(m for m in values if limit is None or m <= limit)
+
+
+Outputs = tuple[torch.Tensor, ...]
+
+
+def as_outputs(result: Any) -> Outputs:
+    """Normalize an implementation's return value to a tuple of tensors."""
+    if isinstance(result, torch.Tensor):
+        return (result,)
+    if isinstance(result, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in result):
+        return tuple(result)
+    raise TypeError(
+        f"an implementation must return a tensor or a tuple of tensors, got {type(result).__name__}"
+    )
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One launch's inputs.
+
+    Attributes:
+        rows: tensors whose dim 0 is the row axis (all with the same number of rows).
+        shared: operands every row sees (weights, ``k``, ``eps``...), passed through unchanged.
+    """
+
+    rows: Mapping[str, torch.Tensor]
+    shared: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return next(iter(self.rows.values())).shape[0]
+
+    def kwargs(self) -> dict[str, Any]:
+        return {**self.rows, **self.shared}
+
+    def take(self, index: torch.Tensor | Sequence[int] | slice) -> Batch:
+        """The rows at ``index`` (a slice keeps views; an index list copies)."""
+        if isinstance(index, slice):
+            return Batch({k: v[index] for k, v in self.rows.items()}, self.shared)
+        idx = torch.as_tensor(index, dtype=torch.long)
+        return Batch({k: v.index_select(0, idx.to(v.device)) for k, v in self.rows.items()}, self.shared)
+
+    @staticmethod
+    def concat(parts: Sequence[Batch]) -> Batch:
+        """Rows of ``parts`` stacked in order; shared operands of the first part."""
+        keys = parts[0].rows.keys()
+        return Batch({k: torch.cat([p.rows[k] for p in parts]) for k in keys}, parts[0].shared)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A point of the sweep: JSON-able ``axes`` and a ``seed``.  ``id`` is the pytest id."""
+
+    component: str
+    axes: Mapping[str, Any]
+    seed: int = 0
+
+    @property
+    def id(self) -> str:
+        parts = [f"{k}={_fmt_axis(v)}" for k, v in self.axes.items()]
+        return "-".join([*parts, f"seed={self.seed}"])
+
+    def with_seed(self, seed: int) -> Case:
+        return replace(self, seed=seed)
+
+    def axes_json(self) -> str:
+        return json.dumps(dict(self.axes), sort_keys=True, separators=(",", ":"))
+
+
+def _fmt_axis(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "x".join(str(v) for v in value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """An unpinned production path, run as a negative control.
+
+    Attributes:
+        name: short id (used in test ids and the CLI).
+        fn: same signature as the component's fast function (partition kwarg only if
+            ``accepts_partition``).
+        why: what it leaves unpinned, i.e. why invariance should fail.
+        expected_to_vary_on: lanes where the negative control must fail (a strict xfail in
+            pytest); elsewhere the sweep still runs it and reports "detected" or "inconclusive".
+        lanes: lanes it can run on at all.
+        env: for a *pin candidate*, environment variables the check runs under (in a subprocess,
+            since libraries read them at handle creation); its invariance is reported, not assumed.
+        accepts_partition: ``fn`` takes the component's partition keyword.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    why: str
+    expected_to_vary_on: frozenset[Lane] = ALL_LANES
+    lanes: frozenset[Lane] = ALL_LANES
+    env: Mapping[str, str] | None = None
+    accepts_partition: bool = False
+
+    @property
+    def is_pin_candidate(self) -> bool:
+        return self.env is not None
+
+
+@dataclass(frozen=True)
+class Exact:
+    """Agreement is bitwise: fast == reference on every bit."""
+
+    justification: str = "the computation is exact (selection, integer keys, or one fixed fp sequence)"
+
+
+@dataclass(frozen=True)
+class Toleranced:
+    """Agreement within a derived bound.
+
+    Attributes:
+        bound: ``bound(batch, reference_outputs) -> tuple`` of float64 tensors (one per output,
+            broadcastable), the largest allowed absolute error per element.  Derived from the fp64
+            reference, dtype epsilon and the reduction length, never guessed.
+        justification: why the math cannot be exact and how the bound is derived.
+    """
+
+    bound: Callable[[Batch, Outputs], Outputs]
+    justification: str
+
+
+@dataclass(frozen=True)
+class ErrorCase:
+    """A bad input and the exception it must raise (from fast and reference alike)."""
+
+    name: str
+    kwargs: Mapping[str, Any]
+    error: type[BaseException]
+    match: str  # regex the message must match (it names the argument)
+    applies_to: tuple[str, ...] = ("fast", "reference")  # e.g. ("fast",) for a GPU-path-only error
+
+
+#: The invariance checks, in sweep order.
+INVARIANCE_CHECKS: tuple[str, ...] = ("batch_prefix", "position", "row_start", "partition", "repeat")
+CHECKS: tuple[str, ...] = ("agreement", *INVARIANCE_CHECKS)
+
+
+@dataclass(frozen=True)
+class Component:
+    """A registry entry.
+
+    Attributes:
+        name: one name across trees (``reference/<name>.py``, ``fast/<name>.py``, test ids, CLI).
+        summary: one line.
+        reference: the obviously correct torch implementation (fp64 outputs when toleranced).
+        fast: the pinned production kernel.
+        baselines: the unpinned production paths (negative controls) and pin candidates.
+        cases: ``cases(lane)`` -> the sweep's cases on that lane (small shapes on cpu).
+        build: ``build(case, device)`` -> :class:`Batch`, a deterministic function of the case.
+        agreement: :class:`Exact` or :class:`Toleranced`.
+        lanes: lanes the component runs on.
+        dtypes: input dtypes covered.
+        error_cases: ``error_cases(device)`` -> bad inputs and their exceptions.
+        shift_row_start: ``shift_row_start(batch, offset, generator)`` -> the same logical rows placed
+            at ``row_start = offset`` inside wider rows (outputs must be bitwise equal); None when
+            the component has no row window.
+        partition_arg: name of the fast keyword that sets the planned SM / partition count, if any.
+        strategy: ``strategy(lane, device)`` -> a hypothesis strategy of :class:`Batch` for property
+            tests, or None.
+        bench_cases: ``bench_cases(lane)`` -> cases for ``batchinv bench``.
+        reference_device: where the reference runs ("same" as the inputs, or "cpu" to force CPU).
+    """
+
+    name: str
+    summary: str
+    reference: Callable[..., Any]
+    fast: Callable[..., Any]
+    baselines: tuple[Baseline, ...]
+    cases: Callable[[Lane], Sequence[Case]]
+    build: Callable[[Case, torch.device], Batch]
+    agreement: Exact | Toleranced = Exact()
+    lanes: frozenset[Lane] = ALL_LANES
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+    error_cases: Callable[[torch.device], Sequence[ErrorCase]] = lambda device: ()
+    shift_row_start: Callable[[Batch, int, torch.Generator], Batch] | None = None
+    partition_arg: str | None = None
+    strategy: Callable[[Lane, torch.device], Any] | None = None
+    bench_cases: Callable[[Lane], Sequence[Case]] = lambda lane: ()
+
+    def baseline(self, name: str) -> Baseline:
+        for b in self.baselines:
+            if b.name == name:
+                return b
+        raise KeyError(
+            f"component {self.name!r} has no baseline {name!r}; known: {[b.name for b in self.baselines]}"
+        )
+
+    def applicable_checks(self) -> tuple[str, ...]:
+        """The checks that apply to this component (row_start and partition are optional)."""
+        skip = set()
+        if self.shift_row_start is None:
+            skip.add("row_start")
+        if self.partition_arg is None:
+            skip.add("partition")
+        return tuple(c for c in CHECKS if c not in skip)
+
+
+_CACHE: dict[str, Component] = {}
+
+
+def components(names: Sequence[str] | None = None) -> list[Component]:
+    """The registered components, in registry order, optionally only those named."""
+    wanted = list(COMPONENT_MODULES) if not names else list(names)
+    unknown = [n for n in wanted if n not in COMPONENT_MODULES]
+    if unknown:
+        raise KeyError(f"unknown component(s) {unknown}; registered: {list(COMPONENT_MODULES)}")
+    out = []
+    for name in wanted:
+        if name not in _CACHE:
+            module = importlib.import_module(f"batchinv.harness.components.{name}")
+            component = module.COMPONENT
+            if component.name != name:
+                raise RuntimeError(
+                    f"module components/{name}.py registers {component.name!r}, expected {name!r}"
+                )
+            _CACHE[name] = component
+        out.append(_CACHE[name])
+    return out
+
+
+def get(name: str) -> Component:
+    """The registered component ``name`` (``KeyError`` listing the names otherwise)."""
+    return components([name])[0]

@@ -1,0 +1,93 @@
+"""The incremental JSON-lines report: one line per check, flushed as it is written, so a crash
+keeps everything done so far.  The first line is a header (lane, device, versions, flush-to-zero
+probe); the last, when the run completes, a summary."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from batchinv.harness.checks import CheckResult
+from batchinv.harness.lanes import Lane
+
+
+def environment(lane: Lane) -> dict[str, Any]:
+    """Date, lane, device name, SM count, torch / triton / CUDA versions, flush-to-zero probe."""
+    import torch
+
+    info: dict[str, Any] = {
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "lane": lane.value,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:  # pragma: no cover - triton is a dependency
+        info["triton"] = None
+    from batchinv.harness.bitpatterns import probe_flush_to_zero
+
+    if lane.is_gpu:
+        props = torch.cuda.get_device_properties(0)
+        info["device"] = props.name
+        info["sm_count"] = props.multi_processor_count
+        info["capability"] = f"{props.major}.{props.minor}"
+        info.update(probe_flush_to_zero("cuda"))
+    else:
+        info["device"] = f"cpu ({platform.machine()}), Triton interpreter"
+        info.update(probe_flush_to_zero("cpu"))
+    return info
+
+
+class JsonlReport:
+    """Append-only JSON-lines writer (``None`` path: write nothing)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._fh: IO[str] | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = path.open("w", encoding="utf-8")
+
+    def write(self, kind: str, payload: dict[str, Any]) -> None:
+        if self._fh is None:
+            return
+        self._fh.write(json.dumps({"kind": kind, **payload}, default=str) + "\n")
+        self._fh.flush()
+
+    def check(self, result: CheckResult) -> None:
+        if self._fh is None:
+            return
+        self._fh.write('{"kind": "check", ' + result.to_json()[1:] + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> JsonlReport:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def read_report(path: Path) -> list[dict[str, Any]]:
+    """All records of a JSON-lines report (a truncated last line is ignored)."""
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return records

@@ -1,0 +1,75 @@
+"""Typed errors for bad input, shared by the reference and fast paths.
+
+Every error names the argument, what was expected and what was given, so a caller never has
+to guess which of several tensors was wrong.  Never a silent wrong result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class BatchinvError(Exception):
+    """Base class of every error batchinv raises on purpose."""
+
+
+class ArgumentError(BatchinvError, ValueError):
+    """An argument has the wrong value, shape or rank.
+
+    Attributes:
+        argument: the parameter's name as the caller spelled it.
+        expected: a short description of what is accepted.
+        given: what was passed (a value, a shape, a dtype...).
+    """
+
+    def __init__(self, argument: str, expected: str, given: Any) -> None:
+        self.argument = argument
+        self.expected = expected
+        self.given = given
+        super().__init__(f"argument '{argument}': expected {expected}, got {given!r}")
+
+
+class DTypeError(ArgumentError, TypeError):
+    """An argument has an unsupported dtype (also a ``TypeError``)."""
+
+
+class DeviceError(ArgumentError):
+    """An argument lives on the wrong device (for example a CPU tensor on the GPU path)."""
+
+
+def check_tensor(
+    argument: str,
+    value: Any,
+    *,
+    dtypes: tuple[Any, ...] | None = None,
+    ndim: int | None = None,
+) -> None:
+    """Validate that ``value`` is a tensor of one of ``dtypes`` with ``ndim`` dimensions.
+
+    Raises:
+        DTypeError: not a tensor, or a dtype outside ``dtypes``.
+        ArgumentError: wrong number of dimensions.
+    """
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise DTypeError(argument, "a torch.Tensor", type(value).__name__)
+    if dtypes is not None and value.dtype not in dtypes:
+        names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise DTypeError(argument, f"dtype {names}", str(value.dtype).removeprefix("torch."))
+    if ndim is not None and value.dim() != ndim:
+        raise ArgumentError(
+            argument, f"a {ndim}-D tensor", f"{value.dim()}-D tensor of shape {tuple(value.shape)}"
+        )
+
+
+def check_same_device(argument: str, value: Any, device: Any) -> None:
+    """Raise :class:`DeviceError` unless tensor ``value`` lives on ``device``."""
+    if value.device != device:
+        raise DeviceError(argument, f"a tensor on {device}", f"a tensor on {value.device}")
+
+
+def check_cuda(argument: str, value: Any) -> None:
+    """Raise :class:`DeviceError` unless tensor ``value`` is a CUDA tensor (the GPU path)."""
+    if value.device.type != "cuda":
+        raise DeviceError(argument, "a CUDA tensor on the GPU path", f"a tensor on {value.device}")

@@ -1,0 +1,80 @@
+"""Registry-driven tests: every component, every case of this lane.
+
+For each component: agreement with the reference and every applicable invariance check on the
+fast kernel; one negative control per baseline (a strict xfail on the lanes where it must vary:
+when the harness stops detecting variance there, this goes red); every error input against the
+fast kernel and the reference.  The parameters come from the registry, so a new component is
+covered by registering it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from batchinv.harness.checks import FAST, run_check
+from batchinv.harness.lanes import Lane
+from batchinv.harness.plugin import current_lane
+from batchinv.harness.registry import INVARIANCE_CHECKS, components
+
+LANE = current_lane()
+LANE_MARK = pytest.mark.cpu if LANE is Lane.CPU else pytest.mark.gpu
+COMPONENTS = [c for c in components() if LANE in c.lanes]
+
+
+def _fast_params():
+    for comp in COMPONENTS:
+        for case in comp.cases(LANE):
+            for check in comp.applicable_checks():
+                yield pytest.param(comp, check, case, id=f"{comp.name}-{check}-{case.id}", marks=LANE_MARK)
+
+
+@pytest.mark.parametrize(("component", "check", "case"), list(_fast_params()))
+def test_fast(component, check, case):
+    result = run_check(component, FAST, check, case, LANE)
+    assert result.status == "pass", (
+        f"{result.status}: {result.detail}\n  where: {result.where}\n  repro: {result.repro}"
+    )
+
+
+def _control_params():
+    for comp in COMPONENTS:
+        for b in comp.baselines:
+            if b.is_pin_candidate or LANE not in b.lanes:
+                continue
+            marks = [LANE_MARK, pytest.mark.negative_control]
+            if LANE in b.expected_to_vary_on:
+                marks.append(pytest.mark.xfail(strict=True, reason=f"unpinned baseline: {b.why}"))
+            else:
+                marks.append(
+                    pytest.mark.skip(reason=f"{b.name} is not expected to vary on the {LANE.value} lane")
+                )
+            yield pytest.param(comp, b, id=f"{comp.name}-{b.name}", marks=marks)
+
+
+@pytest.mark.parametrize(("component", "baseline"), list(_control_params()))
+def test_negative_control(component, baseline):
+    """Asserts the baseline is invariant on every case and check; it must not be (strict xfail)."""
+    checks = [c for c in component.applicable_checks() if c in INVARIANCE_CHECKS]
+    for case in component.cases(LANE):
+        for check in checks:
+            result = run_check(component, baseline.name, check, case, LANE)
+            assert result.status != "error", f"the baseline crashed: {result.detail}\n  repro: {result.repro}"
+            assert result.status == "pass", (
+                f"{baseline.name} varies: {result.detail}\n  repro: {result.repro}"
+            )
+
+
+def _error_params():
+    import torch
+
+    device = torch.device("cpu" if LANE is Lane.CPU else "cuda")
+    for comp in COMPONENTS:
+        for err in comp.error_cases(device):
+            for impl in err.applies_to:
+                yield pytest.param(comp, err, impl, id=f"{comp.name}-{err.name}-{impl}", marks=LANE_MARK)
+
+
+@pytest.mark.parametrize(("component", "error_case", "impl"), list(_error_params()))
+def test_bad_input_raises_typed_error(component, error_case, impl):
+    fn = component.fast if impl == "fast" else component.reference
+    with pytest.raises(error_case.error, match=error_case.match):
+        fn(**error_case.kwargs)

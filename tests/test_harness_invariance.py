@@ -1,0 +1,123 @@
+"""Each invariance driver catches a planted function that breaks its axis, and passes a
+function that is invariant (so a pass means something)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from batchinv.harness import invariance
+from batchinv.harness.registry import Batch
+
+
+def _batch(rows=40, cols=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return Batch({"x": torch.randn(rows, cols, generator=g)})
+
+
+def invariant(b: Batch):
+    return (b.rows["x"] * 3.0 + 1.0,)
+
+
+def depends_on_m(b: Batch):
+    x = b.rows["x"]
+    return (x * 3.0 + (1.0 if x.shape[0] < 16 else 1.0 + 2.0**-20),)
+
+
+def depends_on_position(b: Batch):
+    x = b.rows["x"]
+    return (x + torch.arange(x.shape[0], dtype=x.dtype)[:, None] * 2.0**-18,)
+
+
+def test_batch_prefix_catches_m_dependence_and_passes_invariant():
+    b = _batch()
+    ms = (1, 2, 7, 8, 15, 16, 17, 32, 33)
+    assert invariance.batch_prefix(invariant, b, ms).passed
+    r = invariance.batch_prefix(depends_on_m, b, ms)
+    assert not r.passed
+    assert r.where == ["M=1", "M=2", "M=7", "M=8", "M=15"]
+    assert r.rows_differing == 15 and r.worst_ulp is not None and r.worst_ulp > 0
+
+
+def test_position_catches_position_dependence_and_passes_invariant():
+    b, n = _batch(8), _batch(20, seed=1)
+    assert invariance.position(invariant, b, n, [0, 7], [0, 5, 19]).passed
+    r = invariance.position(depends_on_position, b, n, [0, 7], [0, 5, 19])
+    assert not r.passed
+    assert "row 0 at position 5/20" in r.where
+
+
+def _window_sum(b: Batch):
+    """Sums each row's window [row_start, row_end) in a fixed order: row-local, invariant."""
+    x, s, e = b.rows["x"], b.rows["row_starts"], b.rows["row_ends"]
+    out = torch.stack(
+        [x[i, s[i] : e[i]].sum() if e[i] > s[i] else x.new_zeros(()) for i in range(x.shape[0])]
+    )
+    return (out,)
+
+
+def _window_sum_leaky(b: Batch):
+    """Adds the absolute row_start: a result that depends on where the packer put the row."""
+    return (_window_sum(b)[0] + b.rows["row_starts"].to(torch.float32) * 2.0**-10,)
+
+
+def _shift(b: Batch, offset: int, g: torch.Generator) -> Batch:
+    x = b.rows["x"]
+    pad = torch.randn(x.shape[0], offset, generator=g)
+    return Batch(
+        {
+            "x": torch.cat([pad, x], dim=1),
+            "row_starts": b.rows["row_starts"] + offset,
+            "row_ends": b.rows["row_ends"] + offset,
+        }
+    )
+
+
+def test_row_start_catches_offset_dependence_and_passes_invariant():
+    x = torch.randn(6, 12, generator=torch.Generator().manual_seed(3))
+    b = Batch({"x": x, "row_starts": torch.zeros(6, dtype=torch.long), "row_ends": torch.full((6,), 12)})
+    offsets = (0, 1, 7, 33)
+    assert invariance.row_start(_window_sum, b, _shift, offsets, torch.Generator().manual_seed(0)).passed
+    r = invariance.row_start(_window_sum_leaky, b, _shift, offsets, torch.Generator().manual_seed(0))
+    assert not r.passed and r.where == ["row_start+=1", "row_start+=7", "row_start+=33"]
+
+
+def test_partition_catches_partition_dependence_and_passes_invariant():
+    b = _batch(10)
+
+    def pinned(batch, count):
+        return invariant(batch)
+
+    def unpinned(batch, count):
+        x = batch.rows["x"]
+        return (x * 3.0 + (0.0 if count in (None, 1) else 2.0**-12),)
+
+    counts = invariance.sm_partition_counts(132)
+    assert counts == (1, 2, 3, 132, 133, 265)
+    assert invariance.partition(pinned, b, counts).passed
+    r = invariance.partition(unpinned, b, counts)
+    assert not r.passed and "partitions=2" in r.where
+
+
+def test_repeat_catches_state_carried_between_calls():
+    b = _batch(6)
+    calls = {"n": 0}
+
+    def stateful(batch):
+        calls["n"] += 1
+        return (batch.rows["x"] + calls["n"] * 2.0**-16,)
+
+    assert invariance.repeat(invariant, b).passed
+    assert not invariance.repeat(stateful, b).passed
+
+
+@pytest.mark.parametrize("n_outputs", [1, 2])
+def test_multi_output_functions_compare_every_output(n_outputs):
+    b = _batch(20)
+
+    def second_output_leaks(batch):
+        x = batch.rows["x"]
+        leaky = x + (x.shape[0] % 3) * 2.0**-16
+        return (leaky,) if n_outputs == 1 else (x * 2.0, leaky)
+
+    r = invariance.batch_prefix(second_output_leaks, b, (1, 2, 3, 4))
+    assert not r.passed

@@ -1,0 +1,126 @@
+"""The sweep on a toy registry: verdicts, error rows that do not stop the sweep, the JSON-lines
+report, and reproduction lines that re-run exactly the failing case."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+
+import torch
+from batchinv.harness.checks import run_check
+from batchinv.harness.lanes import Lane
+from batchinv.harness.registry import Baseline, Batch, Case, Component, ErrorCase
+from batchinv.harness.report import JsonlReport, read_report
+from batchinv.harness.sweep import run_sweep
+
+
+def _build(case: Case, device) -> Batch:
+    g = torch.Generator().manual_seed(case.seed)
+    return Batch({"x": torch.randn(case.axes["rows"], case.axes["cols"], generator=g).to(device)})
+
+
+def _scale(x):
+    return x * 2.0
+
+
+def _m_dependent(x):
+    return x * 2.0 + (0.0 if x.shape[0] >= 17 else 2.0**-10)
+
+
+def _crashes(x):
+    raise RuntimeError("planted crash")
+
+
+def _toy(fast=_scale, baselines=()):
+    return Component(
+        name="toy",
+        summary="doubles each row",
+        reference=_scale,
+        fast=fast,
+        baselines=tuple(baselines),
+        cases=lambda lane: [Case("toy", {"rows": 40, "cols": 8}, seed=s) for s in (0, 1)],
+        build=_build,
+        error_cases=lambda device: [ErrorCase("none", {}, TypeError, "x")],
+    )
+
+
+def test_invariant_component_passes_and_controls_get_verdicts():
+    comp = _toy(
+        baselines=[
+            Baseline("m_dependent", _m_dependent, "adds a bias below 17 rows"),
+            Baseline("pinned_too", _scale, "is actually invariant"),
+        ]
+    )
+    seen = []
+    outcome = run_sweep([comp], Lane.CPU, on_result=seen.append)
+    assert all(c.status == "pass" for c in outcome.checks)
+    verdicts = {c.baseline: c.verdict for c in outcome.controls}
+    assert verdicts == {"m_dependent": "detected", "pinned_too": "inconclusive"}
+    # an inconclusive negative control on a lane where it must vary fails the sweep
+    assert not outcome.ok
+    detected = next(c for c in outcome.controls if c.baseline == "m_dependent")
+    assert "batchinv repro toy --check batch_prefix --subject m_dependent" in detected.repro
+
+
+def test_crash_becomes_error_row_and_sweep_goes_on():
+    comp = _toy(fast=_crashes)
+    outcome = run_sweep([comp], Lane.CPU, include_baselines=False)
+    agreement = next(c for c in outcome.checks if c.check == "agreement")
+    assert agreement.errors == 2 and agreement.status == "error"
+    # every planned check still ran (and errored) instead of stopping at the first crash
+    assert all(c.errors == 2 for c in outcome.checks if c.status != "skip")
+    assert "planted crash" in outcome.failures[0].detail
+    assert not outcome.ok
+
+
+def test_m_dependent_fast_fails_batch_prefix_with_where():
+    comp = _toy(fast=_m_dependent)
+    r = run_check(comp, "fast", "batch_prefix", Case("toy", {"rows": 40, "cols": 8}, 0), Lane.CPU)
+    assert r.status == "fail"
+    assert r.where[0] == "M=1" and "M=17" not in r.where
+    assert r.rows_differing == 16
+
+
+def test_report_is_jsonl_and_survives_a_truncated_tail(tmp_path):
+    comp = _toy()
+    path = tmp_path / "r.jsonl"
+    with JsonlReport(path) as report:
+        report.write("header", {"lane": "cpu"})
+        run_sweep([comp], Lane.CPU, on_result=report.check, include_baselines=False)
+    records = read_report(path)
+    assert records[0]["kind"] == "header"
+    assert {r["check"] for r in records[1:]} >= {"agreement", "batch_prefix", "position", "repeat"}
+    with path.open("a") as fh:
+        fh.write('{"kind": "check", "trunc')
+    assert len(read_report(path)) == len(records)
+
+
+def _first_detection():
+    """A real registered baseline's failing check on the cpu lane (the negative control's hit)."""
+    from batchinv.harness.registry import INVARIANCE_CHECKS, components
+
+    for comp in components():
+        for b in comp.baselines:
+            if Lane.CPU not in b.expected_to_vary_on or b.is_pin_candidate:
+                continue
+            for case in comp.cases(Lane.CPU):
+                for check in comp.applicable_checks():
+                    if check in INVARIANCE_CHECKS:
+                        r = run_check(comp, b.name, check, case, Lane.CPU)
+                        if r.status == "fail":
+                            return r
+    raise AssertionError("no registered baseline fails on the cpu lane")
+
+
+def test_repro_line_reruns_exactly_the_failing_case():
+    """The printed one-line reproduction, run as a command, reproduces the same failure."""
+    failing = _first_detection()
+    argv = shlex.split(failing.repro)
+    assert argv[0] == "batchinv"
+    proc = subprocess.run(
+        [sys.executable, "-m", "batchinv.harness.cli", *argv[1:]], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL" in proc.stdout
+    assert failing.where[0] in proc.stdout

@@ -1,0 +1,68 @@
+"""Packaging: one import namespace, no bare top-level modules, a light harness import."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _run_outside_checkout(code: str, tmp_path) -> subprocess.CompletedProcess:
+    """Run ``code`` with the checkout off sys.path: only what is installed is importable."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "COLUMNS": "250"}
+    env.pop("PYTHONPATH", None)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+
+
+def test_no_bare_top_level_packages_installed(tmp_path):
+    code = (
+        "import importlib.util, sys;"
+        "bare = [n for n in ('reference', 'fast', 'harness') if importlib.util.find_spec(n)];"
+        "import batchinv.reference, batchinv.fast, batchinv.harness;"
+        "print(bare); sys.exit(1 if bare else 0)"
+    )
+    proc = _run_outside_checkout(code, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("sub", ["reference", "fast", "harness"])
+def test_source_folders_are_batchinv_subpackages(sub):
+    module = importlib.import_module(f"batchinv.{sub}")
+    assert module.__name__ == f"batchinv.{sub}"
+
+
+def test_console_script_and_pytest_plugin_are_registered():
+    eps = importlib.metadata.entry_points()
+    scripts = {ep.name: ep.value for ep in eps.select(group="console_scripts")}
+    assert scripts.get("batchinv") == "batchinv.harness.cli:main"
+    plugins = {ep.name: ep.value for ep in eps.select(group="pytest11")}
+    assert plugins.get("batchinv") == "batchinv.harness.plugin"
+
+
+def test_harness_import_never_pulls_vllm_or_flashinfer(tmp_path):
+    code = (
+        "import sys, batchinv.harness, batchinv.harness.registry, batchinv.harness.sweep, batchinv.harness.cli;"
+        "from batchinv.harness.registry import components; components();"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'flashinfer'));"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    proc = _run_outside_checkout(code, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_cli_lists_every_registered_component():
+    from batchinv.harness.registry import COMPONENT_MODULES
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "batchinv.harness.cli", "list", "--lane", "cpu"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "250"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    for name in COMPONENT_MODULES:
+        assert name in proc.stdout
