@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import torch
+
 from batchinv.reference.errors import DeviceError
 
 

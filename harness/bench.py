@@ -107,10 +107,11 @@ def bench_component(component: Any, lane: Lane, reps: int) -> list[BenchPoint]:
 
 def main(lane: Lane, names: Sequence[str], out: Path | None, reps: int) -> int:
     """Entry point of ``batchinv bench``; prints a rich table, optionally writes JSON + markdown."""
-    from batchinv.harness.registry import components
-    from batchinv.harness.report import environment
     from rich.console import Console
     from rich.table import Table
+
+    from batchinv.harness.registry import components
+    from batchinv.harness.report import environment
 
     console = Console()
     if not lane.is_gpu:

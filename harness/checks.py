@@ -15,10 +15,12 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+
 from batchinv.harness import invariance
 from batchinv.harness.compare import compare_bitwise, compare_tolerance
 from batchinv.harness.lanes import Lane, lane_device
@@ -87,11 +89,13 @@ def run_check(
     lane: Lane,
     *,
     m_limit: int | None = None,
+    _spawn: bool = True,
 ) -> CheckResult:
     """Run ``check`` (see :data:`registry.CHECKS`) of ``subject`` on ``case`` and report it.
 
     Never raises for a failure inside the check: a crash becomes a ``status="error"`` row with
-    the traceback's last line in ``detail``.
+    the traceback's last line in ``detail``.  A pin candidate runs in a subprocess under its
+    environment (``_spawn=False``: only build the row, for :func:`run_checks` to fill).
     """
     baseline = None if subject == FAST else component.baseline(subject)
     result = CheckResult(
@@ -107,12 +111,13 @@ def run_check(
         negative_control=baseline is not None and not baseline.is_pin_candidate,
         pin_candidate=baseline is not None and baseline.is_pin_candidate,
     )
+    if baseline is not None and baseline.is_pin_candidate and os.environ.get(_CHILD_ENV) != "1":
+        if not _spawn:
+            return result
+        return run_checks(component, subject, check, [case], lane, m_limit=m_limit)[0]
     start = time.perf_counter()
     try:
-        if baseline is not None and baseline.is_pin_candidate and os.environ.get(_CHILD_ENV) != "1":
-            _run_in_subprocess(result, baseline.env or {}, m_limit)
-        else:
-            _run(component, subject, check, case, lane, result, m_limit)
+        _run(component, subject, check, case, lane, result, m_limit)
     except Exception as exc:  # an error row, and the sweep goes on
         result.status = "error"
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
@@ -218,14 +223,62 @@ def _agreement(component: Component, batch: Batch, fast_out: Outputs, result: Ch
 _CHILD_ENV = "BATCHINV_CHECK_CHILD"
 
 
-def _run_in_subprocess(result: CheckResult, env: dict[str, str] | Any, m_limit: int | None) -> None:
+def run_checks(
+    component: Component,
+    subject: str,
+    check: str,
+    cases: Sequence[Case],
+    lane: Lane,
+    *,
+    m_limit: int | None = None,
+) -> list[CheckResult]:
+    """:func:`run_check` over ``cases``; a pin candidate runs them all in one subprocess (its
+    environment is read once, at library handle creation, and a process start costs seconds)."""
+    baseline = None if subject == FAST else component.baseline(subject)
+    if baseline is None or not baseline.is_pin_candidate or os.environ.get(_CHILD_ENV) == "1":
+        return [run_check(component, subject, check, case, lane, m_limit=m_limit) for case in cases]
+    results = [
+        run_check(component, subject, check, case, lane, m_limit=m_limit, _spawn=False) for case in cases
+    ]
+    start = time.perf_counter()
+    try:
+        children = _spawn_child(component.name, subject, check, cases, lane, m_limit, baseline.env or {})
+        for result, child in zip(results, children, strict=True):
+            for key in (
+                "status",
+                "rows_total",
+                "rows_differing",
+                "worst_ulp",
+                "worst_abs",
+                "worst_rel",
+                "where",
+                "detail",
+                "seconds",
+            ):
+                setattr(result, key, child[key])
+    except Exception as exc:  # every case of the candidate becomes an error row
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        per_case = (time.perf_counter() - start) / max(1, len(results))
+        for result in results:
+            result.status, result.detail, result.seconds = "error", last, per_case
+    return results
+
+
+def _spawn_child(
+    component: str,
+    subject: str,
+    check: str,
+    cases: Sequence[Case],
+    lane: Lane,
+    m_limit: int | None,
+    env: Mapping[str, str],
+) -> list[dict[str, Any]]:
     spec = {
-        "component": result.component,
-        "subject": result.subject,
-        "check": result.check,
-        "axes": result.axes,
-        "seed": result.seed,
-        "lane": result.lane,
+        "component": component,
+        "subject": subject,
+        "check": check,
+        "cases": [{"axes": dict(c.axes), "seed": c.seed} for c in cases],
+        "lane": lane.value,
         "m_limit": m_limit,
     }
     child_env = {**os.environ, **dict(env), _CHILD_ENV: "1"}
@@ -236,36 +289,25 @@ def _run_in_subprocess(result: CheckResult, env: dict[str, str] | Any, m_limit: 
         text=True,
         timeout=1800,
     )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"pin-candidate subprocess exited {proc.returncode}: {tail}")
-    child = json.loads(lines[-1])
-    for key in (
-        "status",
-        "rows_total",
-        "rows_differing",
-        "worst_ulp",
-        "worst_abs",
-        "worst_rel",
-        "where",
-        "detail",
-    ):
-        setattr(result, key, child[key])
+    children: list[dict[str, Any]] = json.loads(lines[-1])
+    return children
 
 
 def _child_main(argv: list[str]) -> int:
-    from batchinv.harness.lanes import Lane as _Lane
     from batchinv.harness.lanes import enter_lane
     from batchinv.harness.registry import get
 
     spec = json.loads(argv[0])
-    lane = _Lane(spec["lane"])
+    lane = Lane(spec["lane"])
     enter_lane(lane)
     component = get(spec["component"])
-    case = Case(component.name, spec["axes"], spec["seed"])
-    out = run_check(component, spec["subject"], spec["check"], case, lane, m_limit=spec["m_limit"])
-    print(out.to_json())
+    cases = [Case(component.name, c["axes"], c["seed"]) for c in spec["cases"]]
+    out = run_checks(component, spec["subject"], spec["check"], cases, lane, m_limit=spec["m_limit"])
+    print(json.dumps([asdict(r) for r in out], default=str))
     return 0
 
 

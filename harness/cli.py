@@ -28,9 +28,10 @@ def _fmt_ulp(value: float | None) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from batchinv.harness.registry import components
     from rich.console import Console
     from rich.table import Table
+
+    from batchinv.harness.registry import components
 
     lane = _lane(args)
     table = Table(title=f"batchinv components (lane {lane.value})")
@@ -48,13 +49,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
     from batchinv.harness.checks import CheckResult
     from batchinv.harness.registry import components
     from batchinv.harness.report import JsonlReport, environment
     from batchinv.harness.sweep import plan, run_sweep
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     lane = _lane(args)
     console = Console(stderr=False)

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+
 from batchinv.harness.bitpatterns import FORMATS, float_format
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
 from batchinv.harness.compare import BitwiseReport, compare_bitwise
 from batchinv.harness.registry import Batch, Outputs, as_outputs
 

@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 import pytest
+
 from batchinv.harness.lanes import Lane, detect_lane, enter_lane, parse_lane
 
 LANE_MARKERS = ("cpu", "gpu", "sm90", "sm100")

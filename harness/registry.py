@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+
 from batchinv.harness.lanes import Lane
 
 #: The one list of registered components (module names under ``batchinv.harness.components``).

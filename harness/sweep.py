@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from batchinv.harness.checks import FAST, CheckResult, run_check
+from batchinv.harness.checks import FAST, CheckResult, run_check, run_checks
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import INVARIANCE_CHECKS, Baseline, Component
 
@@ -167,9 +167,20 @@ def run_sweep(
             planned = len(cases) * len(b_checks)
             done = 0
             wheres: list[str] = []
+            if b.is_pin_candidate:  # one subprocess for every case; where it varies is the finding
+                ch = b_checks[0]
+                candidate_results = {
+                    c.id: r
+                    for c, r in zip(
+                        cases, run_checks(comp, b.name, ch, cases, lane, m_limit=m_limit), strict=True
+                    )
+                }
             for case in cases:
                 for ch in b_checks:
-                    r = run_check(comp, b.name, ch, case, lane, m_limit=m_limit)
+                    if b.is_pin_candidate:
+                        r = candidate_results[case.id]
+                    else:
+                        r = run_check(comp, b.name, ch, case, lane, m_limit=m_limit)
                     done += 1
                     on_result(r)
                     ctrl.seconds += r.seconds

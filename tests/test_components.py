@@ -10,6 +10,7 @@ covered by registering it.
 from __future__ import annotations
 
 import pytest
+
 from batchinv.harness.checks import FAST, run_check
 from batchinv.harness.lanes import Lane
 from batchinv.harness.plugin import current_lane

@@ -8,6 +8,7 @@ import struct
 
 import pytest
 import torch
+
 from batchinv.harness.bitpatterns import catalogue, from_bits, inject, pattern, to_bits
 
 

@@ -7,6 +7,7 @@ import struct
 
 import pytest
 import torch
+
 from batchinv.harness.bitpatterns import from_bits, pattern
 from batchinv.harness.compare import compare_bitwise, compare_tolerance, ulp_distance
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from batchinv.harness import invariance
 from batchinv.harness.registry import Batch
 

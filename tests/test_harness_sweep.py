@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import torch
+
 from batchinv.harness.checks import run_check
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import Baseline, Batch, Case, Component, ErrorCase
