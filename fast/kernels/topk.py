@@ -1,0 +1,129 @@
+"""Triton kernels of the indexer top-k (launchers: ``batchinv.fast.topk`` and
+``batchinv.fast.topk_baselines``).
+
+One program per row; the row is register-resident.  A 32-step bitwise binary search over the
+int32 key space finds the k-th largest key ``T`` of the row's candidates, then one ascending
+scan emits every candidate with key > T plus the first ``k - count(key > T)`` candidates with
+key == T in column order (an exclusive cumsum), at their rank among the emitted lanes: the
+output is ascending without a sort.
+"""
+
+import triton
+import triton.language as tl
+
+# Bit patterns of the key map, as constexpr globals (plain globals do not compile in a kernel).
+NEG_ZERO_BITS = tl.constexpr(-2147483648)  # 0x80000000
+MAGNITUDE_MASK = tl.constexpr(0x7FFFFFFF)
+KEY_MIN = tl.constexpr(-2147483648)  # the smallest int32 key (0xffffffff's key)
+NEG_INF_KEY = tl.constexpr(-2139095041)  # key of -inf: 0xff800000 ^ 0x7fffffff
+
+
+@triton.jit
+def _monotone_key(scores):
+    """int32 keys whose signed order is the fp32 value order (-0.0 canonicalized to +0.0)."""
+    bits = scores.to(tl.int32, bitcast=True)
+    bits = tl.where(bits == NEG_ZERO_BITS, 0, bits)
+    return tl.where(bits < 0, bits ^ MAGNITUDE_MASK, bits)
+
+
+@triton.jit
+def _kth_key(key, candidate, num_wanted):
+    """The largest int32 ``t`` with ``count(candidate & key >= t) >= num_wanted``, found bit by
+    bit from the most significant (32 steps).  Needs ``num_wanted <= count(candidate)``."""
+    thresh = tl.full((), KEY_MIN, tl.int64)
+    for bit in tl.static_range(31, -1, -1):
+        trial = thresh + (tl.full((), 1, tl.int64) << bit)  # <= 2**31 - 1: fits int32
+        above = candidate & (key >= trial.to(tl.int32))
+        count = tl.sum(above.to(tl.int32), axis=0)
+        thresh = tl.where(count >= num_wanted, trial, thresh)
+    return thresh.to(tl.int32)
+
+
+@triton.jit
+def _select(key, candidate, num_wanted):
+    """Mask of the ``num_wanted`` best candidates: key descending, exact ties by ascending lane."""
+    kth = _kth_key(key, candidate, num_wanted)
+    above = candidate & (key > kth)
+    tied = candidate & (key == kth)
+    budget = num_wanted - tl.sum(above.to(tl.int32), axis=0)
+    tie_rank = tl.cumsum(tied.to(tl.int32), axis=0)  # inclusive: 1 for the first tie
+    return above | (tied & (tie_rank <= budget))
+
+
+@triton.jit
+def _emit(out_row_ptr, emit, local_col, K: tl.constexpr):
+    """Store the emitted lanes' ``local_col`` ascending at the row's front, -1 after them."""
+    num_emitted = tl.sum(emit.to(tl.int32), axis=0)
+    slot = tl.cumsum(emit.to(tl.int32), axis=0) - 1  # exclusive rank among emitted lanes
+    tl.store(out_row_ptr + slot, local_col, mask=emit)
+    offs_k = tl.arange(0, K)
+    tl.store(out_row_ptr + offs_k, tl.full((K,), -1, tl.int32), mask=offs_k >= num_emitted)
+
+
+@triton.jit
+def _load_window(row_starts_ptr, row_ends_ptr, row, num_cols, stride_starts, stride_ends):
+    """The row's window clamped to ``[0, num_cols]`` (int64 bounds clamp before narrowing)."""
+    start = tl.load(row_starts_ptr + row * stride_starts).to(tl.int64)
+    end = tl.load(row_ends_ptr + row * stride_ends).to(tl.int64)
+    start = tl.minimum(tl.maximum(start, 0), num_cols)
+    end = tl.minimum(tl.maximum(end, start), num_cols)
+    return start.to(tl.int32), end.to(tl.int32)
+
+
+@triton.jit
+def topk_kernel(
+    scores_ptr,
+    row_starts_ptr,
+    row_ends_ptr,
+    out_ptr,
+    num_cols,
+    stride_scores_row,
+    stride_scores_col,
+    stride_starts,
+    stride_ends,
+    stride_out_row,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Row ``program_id(0)``: the ``min(K, window)`` best in-window lanes, ascending, row-local."""
+    row = tl.program_id(0).to(tl.int64)
+    start, end = _load_window(row_starts_ptr, row_ends_ptr, row, num_cols, stride_starts, stride_ends)
+    cols = tl.arange(0, BLOCK_N)
+    in_window = (cols >= start) & (cols < end)
+    offsets = row * stride_scores_row + cols.to(tl.int64) * stride_scores_col
+    scores = tl.load(scores_ptr + offsets, mask=in_window, other=0.0)
+    key = _monotone_key(scores)
+    num_wanted = tl.minimum(end - start, K)
+    take = _select(key, in_window, num_wanted)
+    _emit(out_ptr + row * stride_out_row, take, cols - start, K)
+
+
+@triton.jit
+def topk_masked_lanes_compete_kernel(
+    scores_ptr,
+    row_starts_ptr,
+    row_ends_ptr,
+    out_ptr,
+    num_cols,
+    stride_scores_row,
+    stride_scores_col,
+    stride_starts,
+    stride_ends,
+    stride_out_row,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The fused production shortcut (negative control): out-of-window lanes are masked to
+    -inf and stay candidates, so they share the key of an in-window -inf and, being tie-broken by
+    column, the masked lanes before ``row_start`` spend the tie budget; they are dropped only at
+    emission, and the row emits fewer indices the further right the packer placed it."""
+    row = tl.program_id(0).to(tl.int64)
+    start, end = _load_window(row_starts_ptr, row_ends_ptr, row, num_cols, stride_starts, stride_ends)
+    cols = tl.arange(0, BLOCK_N)
+    in_row = cols < num_cols
+    in_window = (cols >= start) & (cols < end)
+    offsets = row * stride_scores_row + cols.to(tl.int64) * stride_scores_col
+    scores = tl.load(scores_ptr + offsets, mask=in_window, other=0.0)
+    key = tl.where(in_window, _monotone_key(scores), NEG_INF_KEY)
+    take = _select(key, in_row, tl.minimum(num_cols, K))
+    _emit(out_ptr + row * stride_out_row, take & in_window, cols - start, K)
