@@ -70,7 +70,13 @@ def _load_window(row_starts_ptr, row_ends_ptr, row, num_cols, stride_starts, str
     return start.to(tl.int32), end.to(tl.int32)
 
 
-@triton.jit
+# Sizes and strides other than the column stride are not specialized: each distinct value class
+# would compile another kernel (the row_start sweep alone walks several), and the selection is
+# integer logic whose bits cannot depend on how the loads were vectorized.
+_NOT_SPECIALIZED = ["num_cols", "stride_scores_row", "stride_starts", "stride_ends", "stride_out_row"]
+
+
+@triton.jit(do_not_specialize=_NOT_SPECIALIZED)
 def topk_kernel(
     scores_ptr,
     row_starts_ptr,
@@ -98,7 +104,7 @@ def topk_kernel(
     _emit(out_ptr + row * stride_out_row, take, cols - start, K)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NOT_SPECIALIZED)
 def topk_masked_lanes_compete_kernel(
     scores_ptr,
     row_starts_ptr,
