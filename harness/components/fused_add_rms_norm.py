@@ -1,0 +1,69 @@
+"""Registry entry ``fused_add_rms_norm``: ``residual_out = round(x + residual)``, ``out =
+rms_norm(residual_out)``.  Builders, bound and cases are shared with ``rms_norm``
+(:mod:`batchinv.harness.components.rms_norm`); the ``cancellation`` pattern is this entry's own.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from batchinv.fast import rms_norm as fast
+from batchinv.fast import rms_norm_baselines as baselines
+from batchinv.harness.components.rms_norm import (
+    JUSTIFICATION,
+    make_bench_cases,
+    make_builder,
+    make_cases,
+    make_error_cases,
+    make_strategy,
+    out_bound,
+    shift_rows,
+)
+from batchinv.harness.registry import ALL_LANES, GPU_LANES, Baseline, Batch, Component, Outputs, Toleranced
+from batchinv.reference import rms_norm as reference
+
+
+def _bound(batch: Batch, ref: Outputs) -> Outputs:
+    """``out``: the rms_norm bound of the exact residual_out (``ref[1]``, fp64 holding values of
+    x's dtype); ``residual_out``: 0, since one rounding of x + residual is exact to compute."""
+    x = batch.rows["x"]
+    out = out_bound(ref[1], batch.shared["weight"], batch.shared["eps"], ref[0], x.dtype)
+    return out, torch.zeros((), dtype=torch.float64)
+
+
+COMPONENT = Component(
+    name="fused_add_rms_norm",
+    summary="(rms_norm(x + residual), x + residual) in one pass; residual_out rounded once to x's dtype",
+    reference=reference.fused_add_rms_norm,
+    fast=fast.fused_add_rms_norm,
+    baselines=(
+        Baseline(
+            name="rows_block",
+            fn=baselines.fused_add_rms_norm_rows_block,
+            why="the column tile (hence the order of the sum of squares) switches at 256 rows",
+        ),
+        Baseline(
+            name="torch",
+            fn=baselines.fused_add_rms_norm_torch,
+            why=(
+                "torch.add + torch.nn.functional.rms_norm: on CUDA the vectorized norm kernel runs "
+                "only for 16-byte aligned pointers, another tiling otherwise (row_start)"
+            ),
+            expected_to_vary_on=GPU_LANES,
+        ),
+    ),
+    cases=make_cases("fused_add_rms_norm", fused=True),
+    build=make_builder(fused=True),
+    agreement=Toleranced(
+        bound=_bound,
+        justification="residual_out: exact (one rounding of an fp32 sum that is exact for the "
+        "input dtypes); out: " + JUSTIFICATION,
+    ),
+    lanes=ALL_LANES,
+    dtypes=(torch.bfloat16, torch.float16, torch.float32),
+    error_cases=make_error_cases(fused=True),
+    shift_row_start=shift_rows,
+    partition_arg=None,
+    strategy=make_strategy("fused_add_rms_norm", fused=True),
+    bench_cases=make_bench_cases("fused_add_rms_norm"),
+)

@@ -1,0 +1,154 @@
+"""Reference RMS norm and fused residual-add + RMS norm: fp64, obviously correct.
+
+Dimension legend:
+    M: rows (tokens of the batch); dim 0, the row axis.
+    N: hidden size, the normalized (last) dimension.
+
+Formulas (exact real arithmetic, evaluated in fp64):
+    rms_norm:            out[m, n] = x[m, n] * w[n] / sqrt(sum_k x[m, k]^2 / N + eps)
+    fused_add_rms_norm:  h[m, n]   = round_to_dtype(x[m, n] + residual[m, n])
+                         out       = rms_norm(h), residual_out = h
+
+The fp64 sum of N <= 2^20 squares has a relative error below N * 2^-53, far below the fp32
+accumulation error the fast kernel is allowed (see ``harness/components/rms_norm.py``), so the
+outputs here stand for the exact values.  Argument validation is shared with the fast
+launchers (:func:`check_rms_norm_args`), so both raise the same typed errors.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+from typing import Any
+
+import torch
+
+from batchinv.reference.errors import ArgumentError, DTypeError, check_tensor
+
+#: Input dtypes of x, weight and residual (all three must match).
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_rms_norm_args(
+    x: Any,
+    weight: Any,
+    eps: Any,
+    dim: Any,
+    residual: Any = None,
+    *,
+    with_residual: bool = False,
+) -> None:
+    """Validate the arguments of :func:`rms_norm` / :func:`fused_add_rms_norm`.
+
+    Raises:
+        DTypeError: x, weight or residual not a tensor, or of a dtype outside
+            :data:`SUPPORTED_DTYPES`, or weight / residual of another dtype than x.
+        ArgumentError: x not 2-D (M, N) or N == 0; ``dim`` not an int, out of range for x, or
+            not the last dimension; weight not of shape (N,); residual not of x's shape;
+            ``eps`` not a finite real number > 0.
+    """
+    check_tensor("x", x, dtypes=SUPPORTED_DTYPES)
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise ArgumentError("dim", "an int", type(dim).__name__)
+    if not -x.dim() <= dim < max(x.dim(), 1):
+        raise ArgumentError("dim", f"a dimension in [{-x.dim()}, {x.dim()}) (out of range)", dim)
+    check_tensor("x", x, ndim=2)
+    if dim not in (-1, 1):  # x is 2-D here
+        raise ArgumentError("dim", "the last dimension (-1 or 1): only the last dimension is normalized", dim)
+    if x.shape[1] == 0:
+        raise ArgumentError("x", "a non-empty hidden (last) dimension", tuple(x.shape))
+    check_tensor("weight", weight, dtypes=SUPPORTED_DTYPES)
+    if weight.dtype != x.dtype:
+        raise DTypeError(
+            "weight",
+            f"x's dtype {str(x.dtype).removeprefix('torch.')}",
+            str(weight.dtype).removeprefix("torch."),
+        )
+    if tuple(weight.shape) != (x.shape[1],):
+        raise ArgumentError("weight", f"shape ({x.shape[1]},), the hidden size of x", tuple(weight.shape))
+    if with_residual:
+        check_tensor("residual", residual, dtypes=SUPPORTED_DTYPES)
+        if residual.dtype != x.dtype:
+            raise DTypeError(
+                "residual",
+                f"x's dtype {str(x.dtype).removeprefix('torch.')}",
+                str(residual.dtype).removeprefix("torch."),
+            )
+        if residual.shape != x.shape:
+            raise ArgumentError("residual", f"x's shape {tuple(x.shape)}", tuple(residual.shape))
+    if isinstance(eps, bool) or not isinstance(eps, Real):
+        raise ArgumentError("eps", "a finite real number > 0", eps)
+    if not math.isfinite(float(eps)) or float(eps) <= 0.0:
+        raise ArgumentError("eps", "a finite real number > 0", eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1) -> torch.Tensor:
+    """RMS norm of each row, in fp64.
+
+    ``out[m, n] = x[m, n] * weight[n] / sqrt(mean_k(x[m, k]^2) + eps)``
+
+    Parameters
+    ----------
+    x : Tensor (M, N), bfloat16, float16 or float32
+    weight : Tensor (N,), x's dtype
+    eps : float, finite and > 0
+    dim : int, the normalized dimension; only the last one (-1 or 1) is supported
+
+    Returns
+    -------
+    Tensor (M, N), float64, on x's device.  Row-local by construction (each row reads only
+    itself), hence bitwise invariant along every batch axis.  A NaN anywhere in a row makes the
+    whole row NaN; an infinity makes mean(x^2) infinite, so the row's finite elements become
+    +-0 (sign of x * weight) and its infinite ones NaN (inf * 0); an all-zero row gives signed
+    zeros.
+
+    Raises
+    ------
+    DTypeError, ArgumentError : see :func:`check_rms_norm_args`.
+    """
+    check_rms_norm_args(x, weight, eps, dim)
+    m, n = x.shape
+    x64 = x.to(torch.float64)  # (M, N)
+    w64 = weight.to(torch.float64)  # (N,)
+    mean_sq = (x64 * x64).sum(dim=1, keepdim=True) / n  # (M, 1)
+    rstd = 1.0 / torch.sqrt(mean_sq + float(eps))  # (M, 1)
+    out = x64 * rstd * w64  # (M, N)
+    assert out.shape == (m, n) and rstd.shape == (m, 1)
+    return out
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    dim: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then RMS norm, in fp64: returns ``(out, residual_out)``.
+
+    ``residual_out = round_to_dtype(x + residual)`` (one rounding of the exact sum: fp64 holds
+    the exact sum of two fp32/fp16/bf16 values to at least 2p + 2 bits, so the double rounding
+    through fp64 is innocuous), and ``out = rms_norm(residual_out, weight, eps)``.
+
+    Parameters
+    ----------
+    x, residual : Tensor (M, N), bfloat16, float16 or float32 (the same dtype)
+    weight : Tensor (N,), x's dtype
+    eps : float, finite and > 0
+    dim : int, the normalized dimension; only the last one (-1 or 1) is supported
+
+    Returns
+    -------
+    (out, residual_out) : Tensors (M, N), both float64 (residual_out holds values of x's dtype
+    exactly).  Row-local, hence bitwise invariant along every batch axis.  NaN and infinity
+    behave as in :func:`rms_norm` once added (inf + -inf = NaN); an overflowing sum becomes an
+    infinity of x's dtype.
+
+    Raises
+    ------
+    DTypeError, ArgumentError : see :func:`check_rms_norm_args`.
+    """
+    check_rms_norm_args(x, weight, eps, dim, residual, with_residual=True)
+    h = (x.to(torch.float64) + residual.to(torch.float64)).to(x.dtype)  # (M, N), x's dtype
+    assert h.shape == x.shape
+    return rms_norm(h, weight, eps, dim), h.to(torch.float64)

@@ -1,0 +1,303 @@
+"""Tests of rms_norm / fused_add_rms_norm beyond the generic registry tests.
+
+Expected values here come from hand-derived formulas, integer bit patterns or fp64 math, never
+from the code under test.  On the cpu lane the kernels run in the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (cpu lane)
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+import batchinv.fast.rms_norm as fast_mod
+from batchinv.fast import rms_norm_baselines
+from batchinv.fast.rms_norm import CONFIGS, PRODUCTION_HIDDEN, config_for, derive_config
+from batchinv.harness.bitpatterns import from_bits, pattern, to_bits
+from batchinv.harness.compare import compare_bitwise, compare_tolerance
+from batchinv.harness.components.rms_norm import out_bound
+from batchinv.harness.lanes import Lane
+from batchinv.harness.registry import get
+
+CPU = torch.device("cpu")
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _rows(dtype: torch.dtype, m: int, n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(m, n, generator=g).to(dtype)
+
+
+# ------------------------------------------------------------------------ config never keyed on rows
+
+
+@pytest.mark.cpu
+def test_config_functions_take_no_row_count() -> None:
+    for fn in (config_for, derive_config):
+        assert list(inspect.signature(fn).parameters) == ["arch_name", "dtype", "n_cols"], fn.__name__
+    for key in CONFIGS:
+        arch_name, dtype, n_cols = key
+        assert isinstance(arch_name, str) and isinstance(dtype, torch.dtype) and isinstance(n_cols, int)
+    assert {n for _, _, n in CONFIGS} == set(PRODUCTION_HIDDEN)
+
+
+class _Recorder:
+    """Stands in for the kernel: records every launch's constexprs and num_warps."""
+
+    def __init__(self) -> None:
+        self.launches: list[dict[str, object]] = []
+
+    def __getitem__(self, grid: tuple[int, ...]):
+        def launch(*args: object, **kwargs: object) -> None:
+            self.launches.append({k: v for k, v in kwargs.items()})
+
+        return launch
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("hidden", [96, 127, 4096, 5121, 20000])
+def test_every_row_count_launches_one_config(monkeypatch: pytest.MonkeyPatch, hidden: int) -> None:
+    rec = _Recorder()
+    monkeypatch.setattr(fast_mod, "rms_norm_rows_kernel", rec)
+    w = torch.ones(hidden)
+    for m in (1, 2, 7, 255, 256, 257, 2048):
+        x = torch.zeros(m, hidden)
+        fast_mod.rms_norm(x, w)
+        fast_mod.fused_add_rms_norm(x, x, w)
+    plain = [launch for launch in rec.launches if not launch["HAS_RESIDUAL"]]
+    fused = [launch for launch in rec.launches if launch["HAS_RESIDUAL"]]
+    assert len(plain) == len(fused) == 7
+    assert all(launch == plain[0] for launch in plain)
+    assert all(launch == fused[0] for launch in fused)
+
+
+@pytest.mark.cpu
+@pytest.mark.negative_control
+def test_recorder_sees_the_rows_dependent_baseline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorder above can fail: the unpinned baseline's tile changes at 256 rows."""
+    rec = _Recorder()
+
+    def record(x: torch.Tensor, r: object, w: object, eps: float, cfg: object) -> tuple[torch.Tensor, None]:
+        rec.launches.append({"config": cfg})
+        return x, None
+
+    monkeypatch.setattr(rms_norm_baselines, "launch_rows", record)
+    for m in (255, 256):
+        rms_norm_baselines.rms_norm_rows_block(torch.zeros(m, 320), torch.ones(320))
+    assert rec.launches[0] != rec.launches[1]
+
+
+# ----------------------------------------------------------------------------------- special values
+
+
+def _inject_row(dtype: torch.dtype, n: int, col: int, name: str) -> torch.Tensor:
+    x = _rows(dtype, 1, n, seed=3)
+    x[0, col] = pattern(dtype, name).tensor()
+    return x
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["+inf", "-inf"])
+def test_infinity_zeroes_the_row_and_is_nan_itself(dtype: torch.dtype, name: str) -> None:
+    n, col = 40, 17
+    x = _inject_row(dtype, n, col, name)
+    w = torch.linspace(-1.0, 1.0, n).to(dtype)
+    out = fast_mod.rms_norm(x, w)
+    assert torch.isnan(out[0, col])
+    others = torch.cat([out[0, :col], out[0, col + 1 :]]).float()
+    assert bool((others == 0).all())
+    # sign of each zero is the sign of x * w (IEEE: finite * +0 * w)
+    xs = torch.cat([x[0, :col], x[0, col + 1 :]]).float()
+    ws = torch.cat([w[:col], w[col + 1 :]]).float()
+    assert torch.equal(torch.signbit(others), torch.signbit(xs) ^ torch.signbit(ws))
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["+quiet_nan", "-signalling_nan", "all_ones_nan"])
+def test_nan_makes_the_whole_row_nan_and_leaves_others(dtype: torch.dtype, name: str) -> None:
+    x = _rows(dtype, 3, 33, seed=5)
+    x[1, 4] = pattern(dtype, name).tensor()
+    out = fast_mod.rms_norm(x, torch.ones(33, dtype=dtype))
+    assert bool(torch.isnan(out[1]).all())
+    assert not bool(torch.isnan(out[[0, 2]]).any())
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_zero_row_gives_signed_zeros(dtype: torch.dtype) -> None:
+    n = 24
+    x = from_bits([0x8000 if dtype != torch.float32 else 0x80000000] * n, dtype).reshape(1, n)  # all -0
+    w = torch.ones(n, dtype=dtype)
+    out = fast_mod.rms_norm(x, w)
+    assert bool((to_bits(out) == to_bits(x)).all())  # -0 * rstd * 1 = -0, bit for bit
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_equal_row_matches_closed_form(dtype: torch.dtype) -> None:
+    n, c, eps = 50, 0.75, 1e-6
+    x = torch.full((1, n), c, dtype=dtype)
+    w = torch.ones(n, dtype=dtype)
+    out = fast_mod.rms_norm(x, w, eps)
+    exact = c / math.sqrt(c * c + eps)  # mean(x^2) = c^2 exactly
+    ref = torch.full((1, n), exact, dtype=torch.float64)
+    report = compare_tolerance(ref, out, out_bound(x.double(), w, eps, ref, dtype))
+    assert report.within, str(report)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_subnormal_inputs_are_not_flushed(dtype: torch.dtype) -> None:
+    n, eps = 16, 1e-6
+    tiny = pattern(dtype, "+max_subnormal").tensor().item()
+    x = torch.full((1, n), tiny, dtype=torch.float64).to(dtype)
+    out = fast_mod.rms_norm(x, torch.ones(n, dtype=dtype), eps)
+    # mean(x^2) underflows to 0 next to eps, so out = x / sqrt(eps) (about 1e3 x): normal, nonzero.
+    expected = torch.full((1, n), tiny / math.sqrt(tiny * tiny + eps), dtype=torch.float64)
+    report = compare_tolerance(expected, out, out_bound(x.double(), torch.ones(n), eps, expected, dtype))
+    assert report.within and bool((out != 0).all()), str(report)
+
+
+@pytest.mark.cpu
+def test_fp32_sum_of_squares_overflow_gives_zeros_as_documented() -> None:
+    """Documented departure: bf16 max normal squared overflows the fp32 sum -> +-0 per element."""
+    x = _rows(torch.bfloat16, 1, 32, seed=9)
+    x[0, 3] = pattern(torch.bfloat16, "+max_normal").tensor()
+    out = fast_mod.rms_norm(x, torch.ones(32, dtype=torch.bfloat16))
+    assert bool((out.float() == 0).all())
+
+
+# ------------------------------------------------------------------------------------- cancellation
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_exact_cancellation_gives_positive_zero_residual(dtype: torch.dtype) -> None:
+    x = _rows(dtype, 5, 48, seed=11) * 1000
+    out, res = fast_mod.fused_add_rms_norm(x, -x, torch.ones(48, dtype=dtype))
+    assert bool((to_bits(res) == 0).all())  # x + (-x) = +0 under round-to-nearest
+    assert bool((to_bits(out) == 0).all())
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_near_cancellation_residual_is_the_exact_difference(dtype: torch.dtype) -> None:
+    x = _rows(dtype, 4, 64, seed=12)
+    ints = {torch.float32: torch.int32}.get(dtype, torch.int16)
+    r = ((-x).view(ints) + 1).view(dtype)  # -x moved one ULP towards -inf / +inf
+    out, res = fast_mod.fused_add_rms_norm(x, r, torch.ones(64, dtype=dtype))
+    exact = x.double() + r.double()  # exact in fp64 and representable in dtype (Sterbenz)
+    assert torch.equal(res.double(), exact)
+    assert bool((res != 0).all())
+    ref = exact / torch.sqrt((exact * exact).mean(dim=1, keepdim=True) + 1e-6)
+    report = compare_tolerance(ref, out, out_bound(exact, torch.ones(64), 1e-6, ref, dtype))
+    assert report.within, str(report)
+
+
+@pytest.mark.cpu
+def test_fp16_residual_overflow_is_infinite() -> None:
+    x = torch.full((1, 8), 60000.0, dtype=torch.float16)
+    out, res = fast_mod.fused_add_rms_norm(x, x, torch.ones(8, dtype=torch.float16))
+    assert bool(torch.isposinf(res).all())
+    assert bool(torch.isnan(out).all())  # inf * (1 / sqrt(inf)) = inf * 0
+
+
+# ---------------------------------------------------------------------------------- strided rows
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [0, 1, 3, 8])
+def test_strided_rows_match_contiguous_bitwise(dtype: torch.dtype, offset: int) -> None:
+    m, n = 9, 40
+    x = _rows(dtype, m, n, seed=13)
+    r = _rows(dtype, m, n, seed=14)
+    w = _rows(dtype, 1, n, seed=15)[0]
+    wide_x = torch.full((m, n + offset + 5), math.nan, dtype=dtype)
+    wide_r = torch.full((m, n + offset + 2), math.nan, dtype=dtype)
+    wide_x[:, offset : offset + n] = x
+    wide_r[:, offset : offset + n] = r
+    sx, sr = wide_x[:, offset : offset + n], wide_r[:, offset : offset + n]
+    assert compare_bitwise(fast_mod.rms_norm(x, w), fast_mod.rms_norm(sx, w)).equal
+    for a, b in zip(
+        fast_mod.fused_add_rms_norm(x, r, w), fast_mod.fused_add_rms_norm(sx, sr, w), strict=True
+    ):
+        assert compare_bitwise(a, b).equal
+
+
+@pytest.mark.cpu
+def test_broadcast_rows_and_column_strides() -> None:
+    n = 30
+    row = _rows(torch.float32, 1, n, seed=16)
+    w = torch.ones(n)
+    single = fast_mod.rms_norm(row, w)
+    expanded = fast_mod.rms_norm(row.expand(6, n), w)  # row stride 0
+    assert compare_bitwise(single.expand(6, n).contiguous(), expanded).equal
+    transposed = _rows(torch.float32, n, 4, seed=17).t()  # column stride != 1: staged
+    assert compare_bitwise(
+        fast_mod.rms_norm(transposed.contiguous(), w), fast_mod.rms_norm(transposed, w)
+    ).equal
+
+
+# ------------------------------------------------------------------------------ docstring promises
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_outputs_dtype_shape_and_inputs_untouched(dtype: torch.dtype) -> None:
+    x, r = _rows(dtype, 3, 20, seed=18), _rows(dtype, 3, 20, seed=19)
+    w = torch.ones(20, dtype=dtype)
+    x0, r0 = x.clone(), r.clone()
+    out, res = fast_mod.fused_add_rms_norm(x, r, w)
+    assert out.dtype == res.dtype == dtype and out.shape == res.shape == (3, 20)
+    assert out.is_contiguous() and res.is_contiguous()
+    assert torch.equal(to_bits(x), to_bits(x0)) and torch.equal(to_bits(r), to_bits(r0))
+    assert fast_mod.rms_norm(x[:0], w).shape == (0, 20)
+
+
+@pytest.mark.cpu
+def test_bf16_rounding_is_to_nearest_even() -> None:
+    """Ties: fp32 sums exactly halfway between two bf16 values round to the even mantissa."""
+    one = torch.ones(1, 2, dtype=torch.bfloat16)
+    half_ulp = torch.tensor([[2.0**-8, 3 * 2.0**-8]], dtype=torch.bfloat16)  # 1 + 2^-8: tie -> 1.0
+    _out, res = fast_mod.fused_add_rms_norm(one, half_ulp, torch.ones(2, dtype=torch.bfloat16))
+    # 1 + 2^-8 ties to 1.0 (even); 1 + 3 * 2^-8 ties between 1 + 2^-7 and 1 + 2^-6 -> 1 + 2^-6 (even)
+    assert res.float().tolist() == [[1.0, 1.0 + 2.0**-6]]
+
+
+# ---------------------------------------------------------------------------- hypothesis properties
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", ["rms_norm", "fused_add_rms_norm"])
+def test_property_agreement_and_row_locality(name: str) -> None:
+    component = get(name)
+    assert component.strategy is not None
+
+    @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(component.strategy(Lane.CPU, CPU))
+    def prop(batch) -> None:
+        fast_out = fast_mod_outputs(component.fast(**batch.kwargs()))
+        ref_out = fast_mod_outputs(component.reference(**batch.kwargs()))
+        bounds = component.agreement.bound(batch, ref_out)
+        for ref, got, bound in zip(ref_out, fast_out, bounds, strict=True):
+            report = compare_tolerance(ref, got, bound)
+            assert report.within, str(report)
+        i = batch.num_rows // 2
+        alone = fast_mod_outputs(component.fast(**batch.take([i]).kwargs()))
+        for full, one in zip(fast_out, alone, strict=True):
+            assert compare_bitwise(full[i : i + 1], one).equal
+
+    prop()
+
+
+def fast_mod_outputs(result: object) -> tuple[torch.Tensor, ...]:
+    return tuple(result) if isinstance(result, tuple) else (result,)  # type: ignore[arg-type]
