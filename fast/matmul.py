@@ -1,0 +1,233 @@
+"""Batch-invariant matmul: a Triton persistent kernel with one fixed reduction order.
+
+Launcher only: validate (typed errors), allocate, pick the config from the (arch, dtype, N, K)
+table, size the persistent grid from the planned SM count, launch.  The kernel is
+:func:`batchinv.fast.kernels.matmul.persistent_matmul_kernel`.
+
+The config is looked up without M on purpose: the BLOCK sizes fix the order of each output's
+fp32 sum, so keying them on the batch size would make the bits a function of the batch (see
+:mod:`batchinv.fast.matmul_config`).  No autotuning either, for the same reason.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from batchinv.fast.device import arch, check_launch_device, interpreting, sm_count
+from batchinv.fast.matmul_config import MatmulConfig, select_config
+from batchinv.reference.errors import ArgumentError
+from batchinv.reference.matmul import validate, weight_kn
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What a call launches: the config (from N, K, dtype, arch only) and the grid."""
+
+    config: MatmulConfig
+    num_tiles: int
+    grid: int
+    interpreted: bool
+
+
+def plan(
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    num_sms: int | None = None,
+    config: MatmulConfig | None = None,
+) -> LaunchPlan:
+    """The launch plan of an ``[M, K] @ [K, N]`` problem of input ``dtype`` on ``device``.
+
+    ``config`` overrides the table (for tests and tuning only; production callers leave it None).
+    M only sizes the grid (how many tiles there are), never the config.
+    """
+    if num_sms is not None and (isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1):
+        raise ArgumentError(
+            "num_sms", "a positive int (the SM count the persistent grid plans for) or None", num_sms
+        )
+    on_gpu = device.type == "cuda" and not interpreting()
+    cfg = config if config is not None else select_config(arch(device if on_gpu else None), dtype, n, k)
+    tiles = -(m // -cfg.block_m) * -(n // -cfg.block_n)  # ceil(M / BLOCK_M) * ceil(N / BLOCK_N)
+    planned = num_sms if num_sms is not None else sm_count(device if device.type == "cuda" else None)
+    # Under the interpreter the kernel avoids numpy's matmul (row-position-dependent BLAS order,
+    # raw-bit bf16) and the truncating bf16 cast; see the kernel's INTERPRETED flag.
+    return LaunchPlan(cfg, tiles, max(1, min(planned, tiles)), interpreting())
+
+
+@contextmanager
+def interpreter_warnings_silenced() -> Iterator[None]:
+    """Around a launch under the Triton interpreter: silence NumPy's IEEE warnings (``inf * 0``
+    is NaN on a GPU without a word) and Triton 3.6's deprecated array-to-int conversion of a
+    runtime loop bound; under ``filterwarnings = error`` they would fail a correct launch.
+    A no-op when compiled."""
+    if not interpreting():
+        yield
+        return
+    import numpy as np
+
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="Conversion of an array with ndim > 0", category=DeprecationWarning
+        )
+        yield
+
+
+def matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    layout: str = "linear",
+    out_dtype: torch.dtype | None = None,
+    precision: str = "ieee",
+    num_sms: int | None = None,
+    out: torch.Tensor | None = None,
+    config: MatmulConfig | None = None,
+) -> torch.Tensor:
+    """Batch-invariant ``out = x @ W (+ bias)``: fp32 accumulation, one rounding at the end.
+
+    Each output element is the fp32 sum of its K products formed in increasing k inside one
+    program (no split-K), plus ``bias`` in fp32, rounded once to ``out_dtype``.
+
+    Parameters
+    ----------
+    x : Tensor [M, K]
+        bf16, fp16 or fp32, any strides.
+    weight : Tensor [N, K] (``layout="linear"``, as ``F.linear``) or [K, N] (``layout="mm"``)
+        Same dtype as ``x``, any strides.
+    bias : Tensor [N], optional
+        ``x``'s dtype or fp32; added to the fp32 accumulator before the final rounding.
+    layout : {"linear", "mm"}
+    out_dtype : torch.dtype, optional
+        ``x``'s dtype (default) or fp32.  fp32 from bf16/fp16 inputs returns the fp32
+        accumulator itself (router logits never round through bf16).
+    precision : {"ieee", "tf32"}
+        fp32 inputs only: ``"ieee"`` (default) computes true fp32 products; ``"tf32"`` must be
+        asked for explicitly (operands rounded to 10 mantissa bits, faster on tensor cores).
+    num_sms : int, optional
+        The SM count the persistent grid plans for (default: the device's).  Any value gives
+        the same bits: it decides which program computes a tile, never how (partition axis).
+    out : Tensor [M, N], optional
+        Preallocated output of ``out_dtype`` (tests prefill it with NaN so an unwritten tile
+        shows).
+    config : MatmulConfig, optional
+        Overrides the (arch, dtype, N, K) table; for tests and tuning only.
+
+    Returns
+    -------
+    Tensor [M, N] of ``out_dtype``
+        Bitwise invariant along M (any batch size), row position and neighbours, the planned SM
+        count, and repeated calls: the config depends on (arch, dtype, N, K) only.  NaN / inf propagate as IEEE products and sums (``inf * 0`` is NaN); the
+        sign of an exactly-zero result is not specified (+0 or -0), but it is invariant too.
+
+    Raises
+    ------
+    DTypeError
+        Unsupported dtype or dtype mix (argument named).
+    ArgumentError
+        Non-2-D operands, mismatched K, bad ``bias`` shape, ``layout``, ``precision``,
+        ``num_sms``, or ``out`` shape.
+    DeviceError
+        Operands on different devices, or CPU tensors without the Triton interpreter.
+
+    Source
+    ------
+    Persistent tile walk after Triton tutorial 09 (persistent matmul); the fixed-config,
+    no-split-K pinning follows the batch-invariant matmul of Thinking Machines' "Defeating
+    Nondeterminism in LLM Inference" (2025) and vLLM's ``batch_invariant.py``.
+    """
+    args = validate(x, weight, bias, layout, out_dtype, precision)
+    check_launch_device("x", x)
+    b = weight_kn(weight, layout)  # [K, N]
+    if out is None:
+        out = torch.empty((args.m, args.n), device=x.device, dtype=args.out_dtype)
+    else:
+        if tuple(out.shape) != (args.m, args.n) or out.dtype != args.out_dtype or out.device != x.device:
+            raise ArgumentError(
+                "out",
+                f"a [{args.m}, {args.n}] {args.out_dtype} tensor on {x.device}",
+                f"{tuple(out.shape)} {out.dtype} on {out.device}",
+            )
+    if args.m == 0 or args.n == 0:
+        return out
+    p = plan(args.m, args.n, args.k, x.dtype, x.device, num_sms, config)
+    _launch(x, b, bias, out, args.m, args.n, args.k, p, precision)
+    return out
+
+
+def _launch(
+    x: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    m: int,
+    n: int,
+    k: int,
+    p: LaunchPlan,
+    precision: str,
+) -> None:
+    from batchinv.fast.kernels.matmul import persistent_matmul_kernel
+
+    cfg = p.config
+    with interpreter_warnings_silenced():
+        persistent_matmul_kernel[(p.grid,)](
+            x,
+            b,
+            bias if bias is not None else out,  # never read when HAS_BIAS is False
+            out,
+            m,
+            n,
+            k,
+            x.stride(0),
+            x.stride(1),
+            b.stride(0),
+            b.stride(1),
+            out.stride(0),
+            out.stride(1),
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            HAS_BIAS=bias is not None,
+            INPUT_PRECISION=precision,
+            INTERPRETED=p.interpreted,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out_dtype: torch.dtype | None = None,
+    num_sms: int | None = None,
+) -> torch.Tensor:
+    """Batch-invariant ``F.linear(x, weight, bias)``: :func:`matmul` with ``layout="linear"``.
+
+    ``x`` [M, K], ``weight`` [N, K], ``bias`` [N] -> [M, N]; see :func:`matmul` for dtypes,
+    invariance, NaN behaviour and errors.
+    """
+    return matmul(x, weight, bias, layout="linear", out_dtype=out_dtype, num_sms=num_sms)
+
+
+def mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+    num_sms: int | None = None,
+) -> torch.Tensor:
+    """Batch-invariant ``a @ b``: :func:`matmul` with ``layout="mm"`` (``a`` [M, K], ``b`` [K, N]).
+
+    Errors name ``x`` for ``a`` and ``weight`` for ``b`` (the arguments of :func:`matmul`).
+    """
+    return matmul(a, b, layout="mm", out_dtype=out_dtype, num_sms=num_sms)

@@ -1,0 +1,221 @@
+"""Reference matmul: ``out = x @ W (+ bias)`` in fp64, and the tolerance a fp32-accumulating
+kernel is held to.
+
+Dimension legend:
+    M   rows of ``x`` (the batch axis; one row per token)
+    K   reduction length (input features)
+    N   output columns (output features; experts for a router)
+
+Layouts of ``weight``:
+    ``"linear"``: ``weight[N, K]``, ``out = x @ weight.T`` (``torch.nn.functional.linear``; the
+    production layout).  ``"mm"``: ``weight[K, N]``, ``out = x @ weight`` (``torch.mm``).
+
+The argument validation here is shared with the fast launcher, so bad input raises the same
+typed error from both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from batchinv.reference.errors import ArgumentError, DTypeError, check_same_device, check_tensor
+
+INPUT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+LAYOUTS: tuple[str, ...] = ("linear", "mm")
+PRECISIONS: tuple[str, ...] = ("ieee", "tf32")
+
+#: fp32 machine epsilon 2**-23 (twice the unit roundoff): one accumulation step's relative error
+#: when an adder may truncate instead of rounding to nearest (tensor-core alignment).
+FP32_EPS = 2.0**-23
+#: Smallest positive normal fp32: the absolute error of one fp32 operation whose result falls in
+#: the subnormal range is below it, flushed to zero or not.
+FP32_MIN_NORMAL = 2.0**-126
+
+
+@dataclass(frozen=True)
+class MatmulArgs:
+    """Validated problem sizes of one call."""
+
+    m: int
+    n: int
+    k: int
+    out_dtype: torch.dtype
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def validate(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    layout: str,
+    out_dtype: torch.dtype | None,
+    precision: str,
+) -> MatmulArgs:
+    """Check the arguments of :func:`matmul` (and of the fast launcher).
+
+    Raises
+    ------
+    DTypeError
+        ``x`` not bf16 / fp16 / fp32; ``weight`` of another dtype than ``x``; ``bias`` neither
+        ``x``'s dtype nor fp32; ``out_dtype`` neither ``x``'s dtype nor fp32.
+    ArgumentError
+        Non-2-D ``x`` or ``weight``, ``weight``'s K differing from ``x``'s, ``bias`` not ``[N]``,
+        unknown ``layout`` or ``precision``, ``precision="tf32"`` with non-fp32 inputs.
+    DeviceError
+        ``weight`` or ``bias`` on another device than ``x``.
+    """
+    check_tensor("x", x, dtypes=INPUT_DTYPES, ndim=2)
+    if layout not in LAYOUTS:
+        raise ArgumentError("layout", "'linear' (weight [N, K]) or 'mm' (weight [K, N])", layout)
+    if precision not in PRECISIONS:
+        raise ArgumentError("precision", "'ieee' or 'tf32'", precision)
+    check_tensor("weight", weight)
+    if weight.dtype != x.dtype:
+        raise DTypeError("weight", f"dtype {_name(x.dtype)} (the dtype of x)", _name(weight.dtype))
+    check_tensor("weight", weight, ndim=2)
+    check_same_device("weight", weight, x.device)
+    m, k = x.shape
+    shape_text = "[N, K]" if layout == "linear" else "[K, N]"
+    wk = weight.shape[1] if layout == "linear" else weight.shape[0]
+    n = weight.shape[0] if layout == "linear" else weight.shape[1]
+    if wk != k:
+        raise ArgumentError(
+            "weight",
+            f"shape {shape_text} with K = {k} (x.shape[1]) for layout {layout!r}",
+            tuple(weight.shape),
+        )
+    if bias is not None:
+        check_tensor("bias", bias)
+        if bias.dtype not in (x.dtype, torch.float32):
+            raise DTypeError("bias", f"dtype {_name(x.dtype)} or float32", _name(bias.dtype))
+        check_same_device("bias", bias, x.device)
+        if tuple(bias.shape) != (n,):
+            raise ArgumentError("bias", f"shape [N] = [{n}]", tuple(bias.shape))
+    if out_dtype is None:
+        out_dtype = x.dtype
+    if not isinstance(out_dtype, torch.dtype) or out_dtype not in (x.dtype, torch.float32):
+        raise DTypeError("out_dtype", f"{_name(x.dtype)} (the dtype of x) or float32", out_dtype)
+    if precision == "tf32" and x.dtype != torch.float32:
+        raise ArgumentError(
+            "precision", "'ieee' for bf16/fp16 inputs ('tf32' applies to fp32 only)", precision
+        )
+    return MatmulArgs(m, n, k, out_dtype)
+
+
+def weight_kn(weight: torch.Tensor, layout: str) -> torch.Tensor:
+    """``weight`` viewed as ``[K, N]`` (a transpose view for the linear layout)."""
+    return weight.t() if layout == "linear" else weight
+
+
+def matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    layout: str = "linear",
+    out_dtype: torch.dtype | None = None,
+    precision: str = "ieee",
+) -> torch.Tensor:
+    """Reference ``out = x @ W (+ bias)`` computed in fp64.
+
+    Parameters
+    ----------
+    x : Tensor [M, K]
+        bf16, fp16 or fp32.
+    weight : Tensor [N, K] (``layout="linear"``) or [K, N] (``layout="mm"``)
+        Same dtype as ``x``.
+    bias : Tensor [N], optional
+        ``x``'s dtype or fp32.
+    layout : {"linear", "mm"}
+    out_dtype : torch.dtype, optional
+        Validated like the fast path's (``x``'s dtype or fp32); the reference output is fp64.
+    precision : {"ieee", "tf32"}
+        Validated only; the reference is fp64 either way.
+
+    Returns
+    -------
+    Tensor [M, N], float64
+        Every operand is converted exactly to fp64; each output is a fp64 dot product (error
+        about K * 2**-53 relative to ``|x| @ |W|``, negligible next to fp32 accumulation).
+        Row ``m`` depends on ``x[m]`` alone.  NaN and infinity follow IEEE products and sums
+        (``inf * 0`` is NaN; a NaN in ``x[m]`` makes row ``m`` NaN).
+
+    Raises
+    ------
+    DTypeError, ArgumentError, DeviceError
+        See :func:`validate`.
+    """
+    args = validate(x, weight, bias, layout, out_dtype, precision)
+    w = weight_kn(weight, layout).to(torch.float64)  # [K, N]
+    assert tuple(w.shape) == (args.k, args.n)
+    out = x.to(torch.float64) @ w  # [M, N]
+    if bias is not None:
+        out = out + bias.to(torch.float64)[None, :]  # [M, N]
+    assert tuple(out.shape) == (args.m, args.n)
+    return out
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """Half the gap between 1 and the next representable value of ``dtype``."""
+    return torch.finfo(dtype).eps / 2
+
+
+def tolerance_bound(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    layout: str = "linear",
+    out_dtype: torch.dtype | None = None,
+    reference: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The largest absolute error allowed for a fp32-accumulating kernel, per output element.
+
+    Derivation (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., section 3.1):
+
+    * products: exact in fp32 for bf16/fp16 inputs (8 + 8 or 11 + 11 significant bits fit in
+      24), fused into the add (FMA) for fp32 inputs under IEEE precision;
+    * accumulation: K fp32 additions, each with relative error at most ``eps = 2**-23`` (twice
+      the unit roundoff, allowing a tensor-core adder that truncates instead of rounding):
+      ``e_acc = gamma_K * S + K * 2**-126`` with ``S = |x| @ |W|`` in fp64,
+      ``gamma_K = K eps / (1 - K eps)``, and ``2**-126`` per operation for underflow;
+    * bias, added in fp32 with round-to-nearest: ``e_bias = 2**-24 * (|ref| + e_acc)``;
+    * one rounding to ``out_dtype`` (none when it is fp32, the accumulator's own type):
+      ``e_out = u_out * (|ref| + e_acc + e_bias) + min_subnormal(out_dtype) / 2``.
+
+    ``bound = e_acc + e_bias + e_out``.  A bf16 round trip of fp32 output (``u = 2**-9``) or
+    TF32 operand rounding (``2**-11`` per product) exceed it by far; a truncating final
+    rounding exceeds ``e_out`` wherever it drops more than half a ULP.
+
+    Parameters
+    ----------
+    reference : Tensor [M, N], float64, optional
+        :func:`matmul`'s output for these arguments (computed when not given).
+
+    Returns
+    -------
+    Tensor [M, N], float64
+        NaN where the reference is NaN (the comparator then requires a NaN).
+    """
+    args = validate(x, weight, bias, layout, out_dtype, "ieee")
+    if reference is None:
+        reference = matmul(x, weight, bias, layout=layout, out_dtype=out_dtype)
+    w_abs = weight_kn(weight, layout).to(torch.float64).abs()  # [K, N]
+    s = x.to(torch.float64).abs() @ w_abs  # [M, N]
+    assert tuple(s.shape) == tuple(reference.shape) == (args.m, args.n)
+    k = args.k
+    gamma = k * FP32_EPS / (1.0 - k * FP32_EPS)
+    v = reference.to(torch.float64).abs()  # [M, N]
+    e_acc = gamma * s + k * FP32_MIN_NORMAL
+    e_bias = unit_roundoff(torch.float32) * (v + e_acc) + FP32_MIN_NORMAL if bias is not None else 0.0 * s
+    if args.out_dtype == torch.float32:
+        e_out = 0.0 * s
+    else:
+        fin = torch.finfo(args.out_dtype)
+        e_out = unit_roundoff(args.out_dtype) * (v + e_acc + e_bias) + fin.smallest_normal * fin.eps / 2
+    return e_acc + e_bias + e_out

@@ -1,0 +1,289 @@
+"""Tests of the batch-invariant matmul (``matmul``): the config table never keyed on M, IEEE fp32
+by default, NaN-prefilled outputs, both layouts, bias before the final rounding, fp32 output
+from bf16 without a bf16 round trip, 64-bit offsets, bad input, hypothesis properties.
+
+Expected values are the fp64 reference with the derived bound, or small cases worked out by
+hand in the comments; never the code under test.  The registry-driven checks (agreement,
+invariance sweeps, negative controls) live in ``tests/test_components.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import tempfile
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from batchinv.fast import matmul_config
+from batchinv.fast.device import interpreting
+from batchinv.fast.matmul import linear, matmul, mm, plan
+from batchinv.fast.matmul_baselines import split_k_count
+from batchinv.harness.components import matmul as component_module
+from batchinv.harness.lanes import Lane
+from batchinv.harness.plugin import current_lane
+from batchinv.harness.registry import m_sweep
+from batchinv.reference.errors import ArgumentError, DeviceError
+from batchinv.reference.matmul import matmul as reference
+from batchinv.reference.matmul import tolerance_bound
+
+LANE = current_lane()
+DEVICE = torch.device("cuda" if LANE.is_gpu else "cpu")
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+
+
+def any_lane(fn):
+    """Runs on the cpu lane (interpreter) and on GPU lanes."""
+    return pytest.mark.cpu(pytest.mark.gpu(fn))
+
+
+def randn(*shape: int, seed: int, dtype: torch.dtype = F32, scale: float = 1.0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(DEVICE)
+
+
+def assert_within_bound(out, x, w, bias=None, *, layout="linear", out_dtype=None):
+    ref = reference(x, w, bias, layout=layout, out_dtype=out_dtype)
+    bound = tolerance_bound(x, w, bias, layout=layout, out_dtype=out_dtype, reference=ref)
+    err = (out.double() - ref).abs()
+    assert bool(torch.isfinite(out).all()), "non-finite output for finite inputs"
+    worst = float((err / bound).max())
+    assert worst <= 1.0, f"error {float(err.max()):.3g} exceeds the bound by {worst:.3g}x"
+    return worst
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+# --- the config table -------------------------------------------------------------------------
+
+
+def test_config_table_is_never_keyed_on_m():
+    """select_config takes (arch, dtype, n, k) and nothing else; no table row has an M field;
+    and the launch plan's config is the same object at every M of every lane's sweep."""
+    params = list(inspect.signature(matmul_config.select_config).parameters)
+    assert params == ["arch", "dtype", "n", "k"]
+    for cls in (matmul_config.ConfigRule, matmul_config.MatmulConfig):
+        names = {f.name.lower() for f in dataclasses.fields(cls)}
+        assert not any(name in ("m", "max_m", "min_m", "block_m_for_m") for name in names), names
+    ms = sorted(set(m_sweep(Lane.SM90)) | {3, 100, 1000, 4097, 65536})
+    for n, k in [(256, 4096), (4096, 4096), (257, 1000), (14336, 4096), (64, 64)]:
+        for dtype in (BF16, F16, F32):
+            configs = {plan(m, n, k, dtype, torch.device("cpu")).config for m in ms}
+            assert len(configs) == 1, f"(N={n}, K={k}, {dtype}): configs differ across M: {configs}"
+            for arch in ("sm90", "sm100", "sm80", "interp"):
+                assert matmul_config.select_config(arch, dtype, n, k) in {
+                    r.config for r in matmul_config.TABLE
+                } | {matmul_config.FALLBACK}
+
+
+def test_table_has_a_small_n_router_entry_per_gpu_arch():
+    for arch in ("sm90", "sm100"):
+        router = matmul_config.select_config(arch, F32, 256, 4096)
+        dense = matmul_config.select_config(arch, F32, 4096, 4096)
+        assert router != dense
+        assert router.block_n <= 64
+
+
+def test_split_k_baseline_split_depends_on_m():
+    """The negative control is unpinned for the right reason: its split count is a function of M."""
+    assert {split_k_count(m, 4096, 64) for m in (1, 32, 128)} == {4, 2, 1}
+
+
+# --- precision ------------------------------------------------------------------------------------
+
+
+def _tf32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (fp32) rounded to TF32's 10 mantissa bits (round half away from zero on the bits)."""
+    b = t.contiguous().view(torch.int32)
+    return ((b + 0x1000) & ~0x1FFF).view(F32)
+
+
+@any_lane
+def test_fp32_is_ieee_by_default():
+    """Full-mantissa fp32 operands: the default path meets the fp32 bound; the same bound is
+    exceeded by TF32 operand rounding (simulated exactly in fp64), so a TF32 kernel would fail."""
+    x, w = randn(64, 64, seed=1), randn(48, 64, seed=2)
+    assert_within_bound(matmul(x, w), x, w)
+    ref = reference(x, w)
+    tf32_result = reference(_tf32(x), _tf32(w))  # exact products of TF32-rounded operands
+    bound = tolerance_bound(x, w, reference=ref)
+    assert float(((tf32_result - ref).abs() / bound).max()) > 4.0
+
+
+@pytest.mark.gpu
+@pytest.mark.negative_control
+def test_tf32_on_request_fails_the_ieee_bound():
+    """On a GPU, precision="tf32" must actually be TF32: it exceeds the fp32 bound the default meets."""
+    x, w = randn(64, 64, seed=1), randn(48, 64, seed=2)
+    out = matmul(x, w, precision="tf32")
+    ref = reference(x, w)
+    assert float(((out.double() - ref).abs() / tolerance_bound(x, w, reference=ref)).max()) > 1.0
+
+
+# --- outputs, layouts, bias, dtypes ----------------------------------------------------------
+
+
+@any_lane
+@pytest.mark.parametrize(
+    ("m", "n", "k", "num_sms"), [(1, 70, 40, None), (65, 80, 130, 1), (33, 130, 64, 3), (130, 17, 16, 2)]
+)
+def test_nan_prefilled_output_is_fully_written(m, n, k, num_sms):
+    x, w = randn(m, k, seed=m, dtype=BF16), randn(n, k, seed=n, dtype=BF16)
+    out = torch.full((m, n), float("nan"), dtype=BF16, device=DEVICE)
+    result = matmul(x, w, num_sms=num_sms, out=out)
+    assert result.data_ptr() == out.data_ptr()
+    assert not bool(torch.isnan(out).any()), f"{int(torch.isnan(out).sum())} elements never written"
+    assert_within_bound(out, x, w)
+
+
+@any_lane
+@pytest.mark.parametrize("dtype", [BF16, F16, F32])
+def test_both_layouts_and_strided_operands_meet_the_bound(dtype):
+    x, w_nk = randn(40, 72, seed=3, dtype=dtype), randn(56, 72, seed=4, dtype=dtype)
+    assert_within_bound(linear(x, w_nk), x, w_nk)
+    w_kn = w_nk.t().contiguous()
+    assert_within_bound(mm(x, w_kn), x, w_kn, layout="mm")
+    x_strided = randn(40, 144, seed=5, dtype=dtype)[:, ::2]  # stride_ak = 2
+    assert_within_bound(mm(x_strided, w_nk.t()), x_strided, w_nk.t(), layout="mm")
+    if not LANE.is_gpu:  # the interpreter loads the same values through either layout
+        assert torch.equal(bits(linear(x, w_nk)), bits(mm(x, w_kn)))
+
+
+def _hand_case(out_dtype, bias_value):
+    # x = [1, 1, 0, ...], weight row = [256, 1, 0, ...]: the fp32 dot is exactly 257.
+    x = torch.zeros(1, 16, dtype=BF16, device=DEVICE)
+    x[0, :2] = 1
+    w = torch.zeros(1, 16, dtype=BF16, device=DEVICE)
+    w[0, 0], w[0, 1] = 256, 1
+    bias = None if bias_value is None else torch.tensor([bias_value], dtype=BF16, device=DEVICE)
+    return matmul(x, w, bias, out_dtype=out_dtype)
+
+
+@any_lane
+def test_bias_is_added_in_fp32_before_the_single_rounding():
+    # 257 + 0.5 = 257.5 in fp32 rounds to bf16 258 (ULP 2 at 256).  Rounding first would give
+    # bf16(257) = 256 (a tie, to even), then 256 + 0.5 -> 256.
+    assert _hand_case(None, 0.5).item() == 258.0
+
+
+@any_lane
+def test_fp32_output_from_bf16_is_not_rounded_through_bf16():
+    # The fp32 accumulator 257 is returned as is; through bf16 it would be 256.
+    assert _hand_case(F32, None).item() == 257.0
+    x, w = randn(32, 128, seed=6, dtype=BF16), randn(40, 128, seed=7, dtype=BF16)
+    out = matmul(x, w, out_dtype=F32)
+    assert out.dtype == F32
+    assert_within_bound(out, x, w, out_dtype=F32)
+    ref = reference(x, w)
+    bound = tolerance_bound(x, w, out_dtype=F32, reference=ref)
+    round_trip = out.to(BF16).to(F32)
+    assert float(((round_trip.double() - ref).abs() / bound).max()) > 10.0, (
+        "the bound cannot see a bf16 round trip"
+    )
+
+
+@any_lane
+def test_empty_dimensions():
+    x, w, b = randn(0, 32, seed=8), randn(24, 32, seed=9), randn(24, seed=10)
+    assert matmul(x, w).shape == (0, 24)
+    x0, w0 = randn(5, 0, seed=11), randn(24, 0, seed=12)
+    assert torch.equal(matmul(x0, w0), torch.zeros(5, 24, device=DEVICE))
+    assert torch.equal(matmul(x0, w0, b), b.expand(5, 24))
+
+
+# --- 64-bit offsets -----------------------------------------------------------------------------
+
+
+@any_lane
+def test_row_offsets_past_2_31_use_64_bit_arithmetic():
+    """Row 2 of x starts 2 * (2**30 + 64) elements in: 32-bit offsets would wrap.  On the cpu
+    lane the operand is a view of a sparse memory-mapped file (about 12 KiB touched)."""
+    stride, k = 2**30 + 64, 16
+    size = 2 * stride + k
+    with tempfile.TemporaryDirectory() as tmp:
+        if DEVICE.type == "cpu":
+            storage = torch.from_file(os.path.join(tmp, "sparse.bin"), shared=True, size=size, dtype=F32)
+        else:
+            storage = torch.empty(size, dtype=F32, device=DEVICE)
+        x = storage.as_strided((3, k), (stride, 1))
+        x.copy_(randn(3, k, seed=13))
+        w = randn(24, k, seed=14)
+        out = matmul(x, w)
+        assert_within_bound(out, x.contiguous(), w)
+        del x, storage
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+@any_lane
+def test_bad_launch_arguments_name_the_argument():
+    x, w = randn(4, 32, seed=15), randn(8, 32, seed=16)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ArgumentError, match="'num_sms'"):
+            matmul(x, w, num_sms=bad)
+    with pytest.raises(ArgumentError, match="'out'"):
+        matmul(x, w, out=torch.empty(4, 9, device=DEVICE))
+    with pytest.raises(ArgumentError, match="'out'"):
+        matmul(x, w, out=torch.empty(4, 8, dtype=BF16, device=DEVICE))
+
+
+@pytest.mark.cpu
+def test_cpu_tensors_without_the_interpreter_raise_device_error(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not interpreting()
+    with pytest.raises(DeviceError, match="'x'"):
+        matmul(torch.zeros(2, 16), torch.zeros(4, 16))
+
+
+# --- properties ---------------------------------------------------------------------------------
+
+
+@any_lane
+@settings(max_examples=12, deadline=None)
+@given(batch=component_module.COMPONENT.strategy(LANE, DEVICE))
+def test_property_agreement_and_prefix_invariance(batch):
+    kwargs = batch.kwargs()
+    out = matmul(**kwargs)
+    ref = reference(**kwargs)
+    bound = tolerance_bound(
+        kwargs["x"],
+        kwargs["weight"],
+        kwargs["bias"],
+        layout=kwargs["layout"],
+        out_dtype=kwargs["out_dtype"],
+        reference=ref,
+    )
+    assert bool(((out.double() - ref).abs() <= bound).all())
+    m = max(1, batch.num_rows // 2)
+    prefix = matmul(**{**kwargs, "x": kwargs["x"][:m]})
+    assert torch.equal(bits(prefix), bits(out[:m]))
+    assert torch.equal(bits(matmul(**kwargs, num_sms=1)), bits(out))
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay_give_the_same_bits():
+    """No host sync or allocation outside the caching allocator in the fast path: it captures,
+    and replay on new inputs copied into the captured buffers equals an eager call."""
+    x, w, b = (
+        randn(33, 4096, seed=20, dtype=BF16),
+        randn(256, 4096, seed=21, dtype=BF16),
+        randn(256, seed=22, dtype=BF16),
+    )
+    eager_first = matmul(x, w, b, out_dtype=F32)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        captured = matmul(x, w, b, out_dtype=F32)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    assert torch.equal(bits(captured), bits(eager_first))
+    x.copy_(randn(33, 4096, seed=23, dtype=BF16))
+    graph.replay()
+    assert torch.equal(bits(captured), bits(matmul(x, w, b, out_dtype=F32)))
