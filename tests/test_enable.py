@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import batchinv.fast.enable
-from batchinv.fast.enable import enable
+import batchinv.fast
+from batchinv.fast.aten_override import enable
 from batchinv.harness.plugin import current_lane
 
 DEVICE = torch.device("cuda" if current_lane().is_gpu else "cpu")
@@ -34,7 +34,7 @@ def _x(rows: int, seed: int) -> torch.Tensor:
 @torch.no_grad()
 def test_model_rows_are_batch_invariant_inside_enable():
     model, x = _model(0), _x(37, 1)
-    with batchinv.fast.enable() as stats:  # the public spelling: the module is callable
+    with batchinv.fast.enable() as stats:  # the public spelling
         full = model(x)
         singles = [model(x[i : i + 1]) for i in (0, 17, 36)]
         middle = model(x[5:21])

@@ -1,7 +1,7 @@
 """Route a whole torch model's GEMMs through the batch-invariant kernel: ``batchinv.fast.enable()``.
 
-Spelling: ``import batchinv.fast.enable`` then ``with batchinv.fast.enable(): ...`` (the module
-is callable and calls :func:`enable`), or ``from batchinv.fast.enable import enable``.
+Spelling: ``import batchinv.fast`` then ``with batchinv.fast.enable(): ...`` (the package exports
+:func:`enable` lazily, so importing it does not import triton).
 
 Inside ``with enable():`` the aten kernels of ``mm`` and ``addmm`` (the ops ``torch.mm``,
 ``torch.addmm``, ``@`` on matrices and ``torch.nn.functional.linear`` reach, with or without a
@@ -18,8 +18,6 @@ none.  ``addmm`` with ``beta``/``alpha`` other than 1 or a non-row ``input`` add
 
 from __future__ import annotations
 
-import sys
-import types
 import warnings
 from collections import Counter
 from collections.abc import Iterator
@@ -135,14 +133,3 @@ def enable(*, num_sms: int | None = None) -> Iterator[EnableStats]:
     finally:
         _active.clear()
         lib._destroy()
-
-
-class _CallableModule(types.ModuleType):
-    """Makes ``batchinv.fast.enable(...)`` call :func:`enable` (``batchinv`` is a PEP 420
-    namespace, so the package cannot re-export it without shadowing this module)."""
-
-    def __call__(self, *, num_sms: int | None = None) -> Any:
-        return enable(num_sms=num_sms)
-
-
-sys.modules[__name__].__class__ = _CallableModule
