@@ -209,6 +209,14 @@ def _agreement(component: Component, batch: Batch, fast_out: Outputs, result: Ch
         result.worst_ulp = max(ulps) if ulps else (0.0 if not bad else None)
         result.detail = str(bad[0]) if bad else "bitwise equal to the reference"
         return
+    if agreement.out_dtypes is not None:
+        wanted = agreement.out_dtypes(batch)
+        got = tuple(o.dtype for o in fast_out)
+        if got != tuple(wanted):
+            result.status = "fail"
+            result.rows_differing = result.rows_total
+            result.detail = f"output dtypes {got}, the contract says {tuple(wanted)}"
+            return
     bounds = agreement.bound(batch, ref_out)
     reports_t = [compare_tolerance(r, f, b) for r, f, b in zip(ref_out, fast_out, bounds, strict=True)]
     bad_t = [r for r in reports_t if not r.within]

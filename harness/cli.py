@@ -15,10 +15,36 @@ from pathlib import Path
 from batchinv.harness.lanes import Lane, detect_lane, enter_lane, parse_lane
 
 
+class UsageError(Exception):
+    """A command-line argument the command cannot use; printed without a traceback (exit 2)."""
+
+
 def _lane(args: argparse.Namespace) -> Lane:
     lane = parse_lane(args.lane) if args.lane else detect_lane()
+    if lane.is_gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"--lane {lane.value} needs a CUDA GPU and torch sees none; use --lane cpu")
     enter_lane(lane)
     return lane
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return value
+
+
+def _axes(text: str) -> dict[str, object]:
+    try:
+        axes = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--axes: expected a JSON object, got {text!r} ({exc.msg})") from None
+    if not isinstance(axes, dict):
+        raise UsageError(f"--axes: expected a JSON object, got {type(axes).__name__}")
+    return axes
 
 
 def _fmt_ulp(value: float | None) -> str:
@@ -200,13 +226,13 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
     lane = _lane(args)
     comp = get(args.component)
-    case = Case(comp.name, json.loads(args.axes), args.seed)
+    case = Case(comp.name, _axes(args.axes), args.seed)
     r = run_check(comp, args.subject, args.check, case, lane, m_limit=args.max_m)
     print(f"{r.component} {r.subject} {r.check} [{r.case}] lane={lane.value}: {r.status.upper()}")
     if r.where:
         print("  where: " + ", ".join(r.where))
     print(f"  {r.detail}")
-    return 0 if r.status == "pass" else 1
+    return 0 if r.status in ("pass", "skip") else 1
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -237,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("components", nargs="*", help="only these components (default: all)")
     add_lane(p)
     p.add_argument("--report", help="JSON-lines report path (default: reports/sweep-<lane>-<time>.jsonl)")
-    p.add_argument("--max-m", type=int, default=None, help="cut the M sweep at this many rows")
+    p.add_argument("--max-m", type=_positive_int, default=None, help="cut the M sweep at this many rows")
     p.add_argument("--no-baselines", action="store_true", help="skip negative controls and pin candidates")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_sweep)
@@ -253,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--subject", default="fast", help="'fast' or a baseline name")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--axes", required=True, help="the case's axes as JSON")
-    p.add_argument("--max-m", type=int, default=None)
+    p.add_argument("--max-m", type=_positive_int, default=None)
     add_lane(p)
     p.set_defaults(func=cmd_repro)
 
@@ -276,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except KeyError as exc:
+    except (KeyError, UsageError) as exc:
         print(f"batchinv: {exc.args[0]}", file=sys.stderr)
         return 2
 

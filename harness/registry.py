@@ -174,10 +174,14 @@ class Toleranced:
             broadcastable), the largest allowed absolute error per element.  Derived from the fp64
             reference, dtype epsilon and the reduction length, never guessed.
         justification: why the math cannot be exact and how the bound is derived.
+        out_dtypes: ``out_dtypes(batch)`` -> the dtype each fast output must have by contract
+            (the fp64 reference cannot say it); a fast output of another dtype fails agreement,
+            so a missing final rounding or a returned fp64 cannot pass within the bound.
     """
 
     bound: Callable[[Batch, Outputs], Outputs]
     justification: str
+    out_dtypes: Callable[[Batch], tuple[torch.dtype, ...]] | None = None
 
 
 @dataclass(frozen=True)

@@ -109,3 +109,27 @@ def test_tolerance_requires_matching_non_finite_classes():
     assert not compare_tolerance(
         finite_ref, torch.tensor([[math.nan]]), torch.tensor(1e9, dtype=torch.float64)
     ).within
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (0,), (3, 0)])
+def test_empty_tensors_compare(shape):
+    empty = torch.zeros(shape)
+    assert compare_bitwise(empty, empty.clone()).equal
+    ref = torch.zeros(shape, dtype=torch.float64)
+    assert compare_tolerance(ref, empty, torch.tensor(0.0, dtype=torch.float64)).within
+
+
+def test_a_nan_bound_admits_nothing():
+    ref = torch.tensor([[1.0]], dtype=torch.float64)
+    assert not compare_tolerance(ref, torch.tensor([[100.0]]), torch.tensor(math.nan, dtype=torch.float64)).within
+
+
+def test_correct_overflow_to_infinity_is_accepted_and_the_wrong_one_is_not():
+    # 70000 is finite in fp64 but rounds to +inf in fp16 (max 65504): +inf is the right answer.
+    ref = torch.tensor([[70000.0, -70000.0]], dtype=torch.float64)
+    right = torch.tensor([[math.inf, -math.inf]], dtype=torch.float16)
+    assert compare_tolerance(ref, right, torch.tensor(1.0, dtype=torch.float64)).within
+    wrong_sign = torch.tensor([[math.inf, math.inf]], dtype=torch.float16)
+    assert not compare_tolerance(ref, wrong_sign, torch.tensor(1e9, dtype=torch.float64)).within
+    # in fp32 the same value is finite, so an infinity there is wrong
+    assert not compare_tolerance(ref, right.float(), torch.tensor(1e9, dtype=torch.float64)).within

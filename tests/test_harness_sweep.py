@@ -7,6 +7,7 @@ import shlex
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from batchinv.harness.checks import run_check
@@ -125,3 +126,60 @@ def test_repro_line_reruns_exactly_the_failing_case():
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL" in proc.stdout
     assert failing.where[0] in proc.stdout
+
+
+def test_agreement_checks_the_contract_output_dtype():
+    """A fast output within the bound but of the wrong dtype (a missing final rounding) fails."""
+    from dataclasses import replace
+
+    from batchinv.harness.registry import Toleranced
+
+    def reference64(x):
+        return x.double() * 2.0
+
+    toleranced = Toleranced(
+        bound=lambda batch, ref: (torch.zeros((), dtype=torch.float64),),
+        justification="exact doubling",
+        out_dtypes=lambda batch: (batch.rows["x"].dtype,),
+    )
+    good = replace(_toy(), reference=reference64, agreement=toleranced)
+    case = Case("toy", {"rows": 4, "cols": 8}, 0)
+    assert run_check(good, "fast", "agreement", case, Lane.CPU).status == "pass"
+    unrounded = replace(good, fast=reference64)  # returns fp64: equal values, wrong contract
+    r = run_check(unrounded, "fast", "agreement", case, Lane.CPU)
+    assert r.status == "fail" and "dtype" in r.detail
+
+
+def test_every_toleranced_component_declares_its_output_dtypes():
+    from batchinv.harness.registry import Toleranced, components
+
+    missing = [
+        c.name for c in components() if isinstance(c.agreement, Toleranced) and c.agreement.out_dtypes is None
+    ]
+    assert not missing, f"Toleranced agreement without out_dtypes: {missing}"
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "batchinv.harness.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_cli_rejects_bad_arguments_without_a_traceback():
+    bad_json = _cli("repro", "topk", "--check", "repeat", "--lane", "cpu", "--seed", "0", "--axes", "notjson")
+    assert bad_json.returncode == 2 and "--axes" in bad_json.stderr and "Traceback" not in bad_json.stderr
+    not_object = _cli(
+        "repro", "topk", "--check", "repeat", "--lane", "cpu", "--seed", "0", "--axes", "[1, 2]"
+    )
+    assert not_object.returncode == 2 and "JSON object" in not_object.stderr
+    zero_m = _cli("sweep", "topk", "--lane", "cpu", "--max-m", "0")
+    assert zero_m.returncode == 2 and "expected an integer >= 1" in zero_m.stderr
+    unknown = _cli("sweep", "nonesuch", "--lane", "cpu")
+    assert unknown.returncode == 2 and "unknown component" in unknown.stderr
+
+
+def test_cli_gpu_lane_without_a_gpu_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    proc = _cli("sweep", "topk", "--lane", "sm90")
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr

@@ -58,6 +58,7 @@ COMPONENT = Component(
         bound=_bound,
         justification="residual_out: exact (one rounding of an fp32 sum that is exact for the "
         "input dtypes); out: " + JUSTIFICATION,
+        out_dtypes=lambda batch: (batch.rows["x"].dtype, batch.rows["x"].dtype),
     ),
     lanes=ALL_LANES,
     dtypes=(torch.bfloat16, torch.float16, torch.float32),

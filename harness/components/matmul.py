@@ -313,6 +313,7 @@ COMPONENT = Component(
         "truncating tensor-core adder), plus K * 2**-126 for underflow, plus the fp32 bias add "
         "(2**-24 * |ref|) and one rounding to the output dtype (unit roundoff * |ref| + half its "
         "smallest subnormal; none for fp32 output). |x| @ |W| and |ref| come from the fp64 run.",
+        out_dtypes=lambda batch: (batch.shared["out_dtype"] or batch.rows["x"].dtype,),
     ),
     lanes=ALL_LANES,
     dtypes=(torch.bfloat16, torch.float16, torch.float32),
