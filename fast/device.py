@@ -35,6 +35,17 @@ def check_launch_device(argument: str, tensor: torch.Tensor) -> None:
     )
 
 
+def kernel_operand(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its conjugate and negative bits resolved: what a kernel may read as raw memory.
+
+    A view such as ``z.conj().imag`` stores its values negated and keeps the negation as a flag
+    (``t.is_neg()``); a Triton kernel reads the memory and would see ``-t``.  Resolving
+    materializes the values into a fresh tensor; it is a no-op returning ``t`` itself when
+    neither flag is set.  Every launcher passes each tensor operand through it.
+    """
+    return t.resolve_conj().resolve_neg()
+
+
 def sm_count(device: torch.device | None = None) -> int:
     """The number of streaming multiprocessors of ``device`` (a nominal 4 under the interpreter)."""
     if device is not None and device.type == "cuda":

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from batchinv.fast.device import arch, check_launch_device, interpreting, sm_count
+from batchinv.fast.device import arch, check_launch_device, interpreting, kernel_operand, sm_count
 from batchinv.fast.matmul_config import MatmulConfig, select_config
-from batchinv.reference.errors import ArgumentError
-from batchinv.reference.matmul import validate, weight_kn
+from batchinv.reference.errors import ArgumentError, check_tensor
+from batchinv.reference.matmul import MatmulArgs, validate, weight_kn
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,9 @@ def matmul(
     weight : Tensor [N, K] (``layout="linear"``, as ``F.linear``) or [K, N] (``layout="mm"``)
         Same dtype as ``x``, any strides.
     bias : Tensor [N], optional
-        ``x``'s dtype or fp32; added to the fp32 accumulator before the final rounding.
+        ``x``'s dtype or fp32, any stride (0 included); added to the fp32 accumulator before
+        the final rounding.  Operands with the negative (or conjugate) bit set, such as
+        ``z.conj().imag``, are materialized first (:func:`batchinv.fast.device.kernel_operand`).
     layout : {"linear", "mm"}
     out_dtype : torch.dtype, optional
         ``x``'s dtype (default) or fp32.  fp32 from bf16/fp16 inputs returns the fp32
@@ -115,8 +117,11 @@ def matmul(
         The SM count the persistent grid plans for (default: the device's).  Any value gives
         the same bits: it decides which program computes a tile, never how (partition axis).
     out : Tensor [M, N], optional
-        Preallocated output of ``out_dtype`` (tests prefill it with NaN so an unwritten tile
-        shows).
+        Preallocated output of ``out_dtype`` on ``x``'s device (tests prefill it with NaN so an
+        unwritten tile shows).  Any strides whose elements do not overlap (row- or
+        column-major, padded rows); never in the storage of ``x``, ``weight`` or ``bias`` (tiles
+        would read inputs other tiles already overwrote), never an expanded (stride-0) view,
+        never a view with the negative bit set.
     config : MatmulConfig, optional
         Overrides the (arch, dtype, N, K) table; for tests and tuning only.
 
@@ -130,10 +135,11 @@ def matmul(
     Raises
     ------
     DTypeError
-        Unsupported dtype or dtype mix (argument named).
+        Unsupported dtype or dtype mix (argument named); ``out`` not a tensor.
     ArgumentError
         Non-2-D operands, mismatched K, bad ``bias`` shape, ``layout``, ``precision``,
-        ``num_sms``, or ``out`` shape.
+        ``num_sms``; ``out`` of the wrong shape, dtype or device, sharing storage with an
+        input, with overlapping elements, or with the negative bit set.
     DeviceError
         Operands on different devices, or CPU tensors without the Triton interpreter.
 
@@ -145,21 +151,78 @@ def matmul(
     """
     args = validate(x, weight, bias, layout, out_dtype, precision)
     check_launch_device("x", x)
-    b = weight_kn(weight, layout)  # [K, N]
     if out is None:
         out = torch.empty((args.m, args.n), device=x.device, dtype=args.out_dtype)
     else:
-        if tuple(out.shape) != (args.m, args.n) or out.dtype != args.out_dtype or out.device != x.device:
-            raise ArgumentError(
-                "out",
-                f"a [{args.m}, {args.n}] {args.out_dtype} tensor on {x.device}",
-                f"{tuple(out.shape)} {out.dtype} on {out.device}",
-            )
+        check_out(out, args, x.device, (("x", x), ("weight", weight), ("bias", bias)))
     if args.m == 0 or args.n == 0:
         return out
+    x, weight = kernel_operand(x), kernel_operand(weight)
+    bias = kernel_operand(bias) if bias is not None else None
+    b = weight_kn(weight, layout)  # [K, N]
     p = plan(args.m, args.n, args.k, x.dtype, x.device, num_sms, config)
     _launch(x, b, bias, out, args.m, args.n, args.k, p, precision)
     return out
+
+
+def _elements_overlap(t: torch.Tensor) -> bool:
+    """Whether two indices of ``t`` may address the same element (stride 0 on a dimension of
+    size > 1 included).  Conservative: sorted by stride, each dimension must step past the whole
+    extent of the smaller ones; layouts that interleave otherwise count as overlapping."""
+    extent = 1  # elements spanned by the dimensions seen so far
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride(), strict=True) if sz > 1):
+        if stride < extent:
+            return True
+        extent += stride * (size - 1)
+    return False
+
+
+def check_out(
+    out: object,
+    args: MatmulArgs,
+    device: torch.device,
+    inputs: tuple[tuple[str, torch.Tensor | None], ...],
+) -> None:
+    """Validate a preallocated ``out`` of :func:`matmul`.
+
+    Raises
+    ------
+    DTypeError
+        ``out`` is not a tensor.
+    ArgumentError
+        Wrong shape, dtype or device; the negative or conjugate bit set (the kernel writes raw
+        memory); elements that overlap (an expanded view: tiles would race on them); the same
+        storage as one of ``inputs`` (tiles would read values other tiles already wrote).  The
+        storage test is conservative: disjoint slices of one buffer are refused too.
+    """
+    check_tensor("out", out)
+    assert isinstance(out, torch.Tensor)
+    if tuple(out.shape) != (args.m, args.n) or out.dtype != args.out_dtype or out.device != device:
+        raise ArgumentError(
+            "out",
+            f"a [{args.m}, {args.n}] {args.out_dtype} tensor on {device}",
+            f"{tuple(out.shape)} {out.dtype} on {out.device}",
+        )
+    if out.is_neg() or out.is_conj():
+        raise ArgumentError(
+            "out",
+            "a tensor without the negative or conjugate bit set (the kernel writes raw memory)",
+            f"a view with is_neg()={out.is_neg()}, is_conj()={out.is_conj()}",
+        )
+    if _elements_overlap(out):
+        raise ArgumentError(
+            "out",
+            "a tensor whose elements do not overlap (no expanded, stride-0 dimension)",
+            f"strides {tuple(out.stride())}",
+        )
+    if out.numel() == 0:
+        return
+    out_storage = out.untyped_storage().data_ptr()
+    for name, t in inputs:
+        if t is not None and t.numel() > 0 and t.untyped_storage().data_ptr() == out_storage:
+            raise ArgumentError(
+                "out", f"a tensor that does not share storage with the input {name!r}", f"a view of {name}"
+            )
 
 
 def _launch(
@@ -191,6 +254,7 @@ def _launch(
             b.stride(1),
             out.stride(0),
             out.stride(1),
+            bias.stride(0) if bias is not None else 0,
             BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k,

@@ -17,7 +17,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from batchinv.fast.device import check_launch_device, interpreting
+from batchinv.fast.device import check_launch_device, interpreting, kernel_operand
 from batchinv.fast.matmul import interpreter_warnings_silenced
 from batchinv.reference.errors import ArgumentError
 from batchinv.reference.matmul import validate, weight_kn
@@ -103,7 +103,8 @@ def split_k(
     args = validate(x, weight, bias, layout, out_dtype, precision)
     check_launch_device("x", x)
     m, n, k = args.m, args.n, args.k
-    b = weight_kn(weight, layout)  # [K, N]
+    x = kernel_operand(x)
+    b = kernel_operand(weight_kn(weight, layout))  # [K, N]
     if m == 0 or n == 0:
         return torch.empty((m, n), device=x.device, dtype=args.out_dtype)
     block_m, block_n, block_k = _SPLITK_BLOCK["interp" if interpreting() else "gpu"]

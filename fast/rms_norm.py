@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import triton
 
-from batchinv.fast.device import arch, check_launch_device, interpreting
+from batchinv.fast.device import arch, check_launch_device, interpreting, kernel_operand
 from batchinv.fast.kernels.rms_norm import rms_norm_rows_kernel
 from batchinv.reference.errors import check_same_device
 from batchinv.reference.rms_norm import check_rms_norm_args
@@ -147,10 +147,11 @@ def launch_rows(
     if n_rows == 0:
         return out, residual_out
     align = config.row_align
-    x = _aligned(x, align)
-    weight = _aligned(weight, align)
+    # The kernel reads raw memory: negative-bit views (z.conj().imag) are materialized first.
+    x = _aligned(kernel_operand(x), align)
+    weight = _aligned(kernel_operand(weight), align)
     if residual is not None:
-        residual = _aligned(residual, align)
+        residual = _aligned(kernel_operand(residual), align)
     grid = (triton.cdiv(n_rows, config.block_m),)
     # The interpreter evaluates the kernel with numpy, which warns on IEEE results such as
     # inf * 0 = NaN; they are the documented behaviour here, not errors.
@@ -204,7 +205,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int 
     x : Tensor (M, N), bfloat16, float16 or float32; rows may be strided (column stride 1 is
         used as is, anything else is staged into a contiguous copy)
     weight : Tensor (N,), x's dtype
-    eps : float, finite and > 0 (passed to the kernel as fp32)
+    eps : float, > 0 and finite once rounded to fp32 (passed to the kernel as fp32)
     dim : int, the normalized dimension; only the last one (-1 or 1) is supported
 
     Returns
@@ -251,7 +252,7 @@ def fused_add_rms_norm(
     ----------
     x, residual : Tensor (M, N), bfloat16, float16 or float32, the same dtype and shape
     weight : Tensor (N,), x's dtype
-    eps : float, finite and > 0
+    eps : float, > 0 and finite once rounded to fp32
     dim : int, the normalized dimension; only the last one (-1 or 1) is supported
 
     Returns

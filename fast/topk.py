@@ -13,7 +13,7 @@ from typing import Final
 
 import torch
 
-from batchinv.fast.device import arch, check_launch_device
+from batchinv.fast.device import arch, check_launch_device, kernel_operand
 from batchinv.fast.kernels.topk import topk_kernel
 from batchinv.reference.topk import check_topk_arguments
 from batchinv.reference.topk import topk as reference_topk
@@ -99,7 +99,7 @@ def topk(scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
         row_starts: int32 or int64 ``[R]``, same device; any value (clamped to ``[0, C]`` before
             narrowing, so bounds past the int32 range work).
         row_ends: int32 or int64 ``[R]``, same device, ``row_ends >= row_starts``.
-        k: int >= 1.
+        k: an integral (``operator.index``; not a bool), 1 <= k <= 2**31 - 1.
 
     Returns:
         int32 ``[R, k]``.  Bitwise equal to :func:`batchinv.reference.topk.topk` on every input,
@@ -117,10 +117,11 @@ def topk(scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
         runs the reference (two stable sorts) on the same device: correct and invariant, slow.
 
     Raises:
-        DTypeError: ``scores`` not float32, bounds not int32/int64, ``k`` not an int.
-        ArgumentError: a wrong rank, bounds of a length other than ``R``, ``k < 1``, a row with
-            ``row_end < row_start`` (not checked while a CUDA graph is captured: the check reads
-            the bounds; there an inverted window selects nothing).
+        DTypeError: ``scores`` not float32, bounds not int32/int64, ``k`` not an integral.
+        ArgumentError: a wrong rank, bounds of a length other than ``R``, ``k`` outside
+            ``[1, 2**31 - 1]``, a row with ``row_end < row_start`` (not checked while a CUDA
+            graph is captured: the check reads the bounds; there an inverted window selects
+            nothing).
         DeviceError: bounds on another device than ``scores``; a non-CUDA tensor on the GPU path.
 
     Source:
@@ -129,7 +130,7 @@ def topk(scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
         it plus the first tied lanes by column (exclusive cumsum); no sort, fixed num_warps, no
         autotune.
     """
-    check_topk_arguments(scores, row_starts, row_ends, k)
+    k = check_topk_arguments(scores, row_starts, row_ends, k)
     for name, tensor in (("scores", scores), ("row_starts", row_starts), ("row_ends", row_ends)):
         check_launch_device(name, tensor)
     num_rows, num_cols = scores.shape
@@ -138,6 +139,8 @@ def topk(scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
     out = torch.empty((num_rows, k), dtype=torch.int32, device=scores.device)
     if num_rows == 0:
         return out
+    # The kernel reads raw memory: a negative-bit view (z.conj().imag) must be materialized.
+    scores, row_starts, row_ends = (kernel_operand(t) for t in (scores, row_starts, row_ends))
     config = select_config(arch(scores.device), k, num_cols)
     topk_kernel[(num_rows,)](
         scores,

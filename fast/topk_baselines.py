@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from batchinv.fast.device import arch, check_launch_device
+from batchinv.fast.device import arch, check_launch_device, kernel_operand
 from batchinv.fast.kernels.topk import topk_masked_lanes_compete_kernel
 from batchinv.fast.topk import in_envelope, select_config
 from batchinv.reference.topk import check_topk_arguments, clamped_window
@@ -39,7 +39,7 @@ def masked_torch_topk(
     Raises:
         DTypeError, ArgumentError, DeviceError: as :func:`batchinv.fast.topk.topk`.
     """
-    check_topk_arguments(scores, row_starts, row_ends, k)
+    k = check_topk_arguments(scores, row_starts, row_ends, k)
     num_rows, num_cols = scores.shape
     start, end = clamped_window(row_starts, row_ends, num_cols)  # [R]
     col = torch.arange(num_cols, device=scores.device)
@@ -68,7 +68,7 @@ def masked_fused_topk(
     Raises:
         DTypeError, ArgumentError, DeviceError: as :func:`batchinv.fast.topk.topk`.
     """
-    check_topk_arguments(scores, row_starts, row_ends, k)
+    k = check_topk_arguments(scores, row_starts, row_ends, k)
     for name, tensor in (("scores", scores), ("row_starts", row_starts), ("row_ends", row_ends)):
         check_launch_device(name, tensor)
     num_rows, num_cols = scores.shape
@@ -77,6 +77,7 @@ def masked_fused_topk(
     out = torch.empty((num_rows, k), dtype=torch.int32, device=scores.device)
     if num_rows == 0:
         return out
+    scores, row_starts, row_ends = (kernel_operand(t) for t in (scores, row_starts, row_ends))
     config = select_config(arch(scores.device), k, num_cols)
     topk_masked_lanes_compete_kernel[(num_rows,)](
         scores,

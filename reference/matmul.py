@@ -48,6 +48,12 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _x_dtype_or_fp32(x_dtype: torch.dtype, *, note: bool = False) -> str:
+    """``"<x's dtype> or float32"``, naming float32 once when it is x's dtype."""
+    first = _name(x_dtype) + (" (the dtype of x)" if note else "")
+    return first if x_dtype == torch.float32 else f"{first} or float32"
+
+
 def validate(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -92,14 +98,14 @@ def validate(
     if bias is not None:
         check_tensor("bias", bias)
         if bias.dtype not in (x.dtype, torch.float32):
-            raise DTypeError("bias", f"dtype {_name(x.dtype)} or float32", _name(bias.dtype))
+            raise DTypeError("bias", f"dtype {_x_dtype_or_fp32(x.dtype)}", _name(bias.dtype))
         check_same_device("bias", bias, x.device)
         if tuple(bias.shape) != (n,):
             raise ArgumentError("bias", f"shape [N] = [{n}]", tuple(bias.shape))
     if out_dtype is None:
         out_dtype = x.dtype
     if not isinstance(out_dtype, torch.dtype) or out_dtype not in (x.dtype, torch.float32):
-        raise DTypeError("out_dtype", f"{_name(x.dtype)} (the dtype of x) or float32", out_dtype)
+        raise DTypeError("out_dtype", _x_dtype_or_fp32(x.dtype, note=True), out_dtype)
     if precision == "tf32" and x.dtype != torch.float32:
         raise ArgumentError(
             "precision", "'ieee' for bf16/fp16 inputs ('tf32' applies to fp32 only)", precision

@@ -18,12 +18,13 @@ launchers (:func:`check_rms_norm_args`), so both raise the same typed errors.
 from __future__ import annotations
 
 import math
+import struct
 from numbers import Real
 from typing import Any
 
 import torch
 
-from batchinv.reference.errors import ArgumentError, DTypeError, check_tensor
+from batchinv.reference.errors import ArgumentError, DTypeError, check_same_device, check_tensor
 
 #: Input dtypes of x, weight and residual (all three must match).
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
@@ -45,9 +46,13 @@ def check_rms_norm_args(
             :data:`SUPPORTED_DTYPES`, or weight / residual of another dtype than x.
         ArgumentError: x not 2-D (M, N) or N == 0; ``dim`` not an int, out of range for x, or
             not the last dimension; weight not of shape (N,); residual not of x's shape;
-            ``eps`` not a finite real number > 0.
+            ``eps`` not a real number whose float32 rounding is finite and > 0 (the kernels
+            add eps in fp32: 1e-50 would round to 0, 1e39 to inf).
+        DeviceError: weight or residual on another device than x.
     """
     check_tensor("x", x, dtypes=SUPPORTED_DTYPES)
+    if x.dim() == 0:  # no dimension to normalize: blame x's rank, not dim
+        check_tensor("x", x, ndim=2)
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise ArgumentError("dim", "an int", type(dim).__name__)
     if not -x.dim() <= dim < max(x.dim(), 1):
@@ -66,6 +71,7 @@ def check_rms_norm_args(
         )
     if tuple(weight.shape) != (x.shape[1],):
         raise ArgumentError("weight", f"shape ({x.shape[1]},), the hidden size of x", tuple(weight.shape))
+    check_same_device("weight", weight, x.device)
     if with_residual:
         check_tensor("residual", residual, dtypes=SUPPORTED_DTYPES)
         if residual.dtype != x.dtype:
@@ -76,10 +82,20 @@ def check_rms_norm_args(
             )
         if residual.shape != x.shape:
             raise ArgumentError("residual", f"x's shape {tuple(x.shape)}", tuple(residual.shape))
+        check_same_device("residual", residual, x.device)
+    expected_eps = "a real number > 0 whose float32 rounding is finite and > 0 (eps is added in float32)"
     if isinstance(eps, bool) or not isinstance(eps, Real):
-        raise ArgumentError("eps", "a finite real number > 0", eps)
-    if not math.isfinite(float(eps)) or float(eps) <= 0.0:
-        raise ArgumentError("eps", "a finite real number > 0", eps)
+        raise ArgumentError("eps", expected_eps, eps)
+    if not 0.0 < _float32(eps) < math.inf:
+        raise ArgumentError("eps", expected_eps, eps)
+
+
+def _float32(value: Real) -> float:
+    """``value`` rounded to the nearest float32 (inf past its range, either sign; NaN kept)."""
+    try:
+        return float(struct.unpack("f", struct.pack("f", float(value)))[0])
+    except OverflowError:  # float(10**400), or a double that rounds past float32's max
+        return -math.inf if value < 0 else math.inf
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1) -> torch.Tensor:
@@ -91,7 +107,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int 
     ----------
     x : Tensor (M, N), bfloat16, float16 or float32
     weight : Tensor (N,), x's dtype
-    eps : float, finite and > 0
+    eps : float, > 0 and finite once rounded to fp32 (the fast kernels add it in fp32)
     dim : int, the normalized dimension; only the last one (-1 or 1) is supported
 
     Returns
@@ -104,7 +120,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int 
 
     Raises
     ------
-    DTypeError, ArgumentError : see :func:`check_rms_norm_args`.
+    DTypeError, ArgumentError, DeviceError : see :func:`check_rms_norm_args`.
     """
     check_rms_norm_args(x, weight, eps, dim)
     m, n = x.shape
@@ -134,7 +150,7 @@ def fused_add_rms_norm(
     ----------
     x, residual : Tensor (M, N), bfloat16, float16 or float32 (the same dtype)
     weight : Tensor (N,), x's dtype
-    eps : float, finite and > 0
+    eps : float, > 0 and finite once rounded to fp32 (the fast kernels add it in fp32)
     dim : int, the normalized dimension; only the last one (-1 or 1) is supported
 
     Returns
@@ -146,7 +162,7 @@ def fused_add_rms_norm(
 
     Raises
     ------
-    DTypeError, ArgumentError : see :func:`check_rms_norm_args`.
+    DTypeError, ArgumentError, DeviceError : see :func:`check_rms_norm_args`.
     """
     check_rms_norm_args(x, weight, eps, dim, residual, with_residual=True)
     h = (x.to(torch.float64) + residual.to(torch.float64)).to(x.dtype)  # (M, N), x's dtype

@@ -19,6 +19,7 @@ smallest keys, so any sentinel would collide with a real input (seed write-up 00
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -32,15 +33,22 @@ INDEX_DTYPES: tuple[torch.dtype, ...] = (torch.int32, torch.int64)
 
 _INT32_MIN = -(2**31)
 _MAGNITUDE_MASK = 0x7FFFFFFF
+#: The largest ``k`` accepted: output indices and slot counts are int32.
+MAX_K = 2**31 - 1
 
 
-def check_topk_arguments(scores: Any, row_starts: Any, row_ends: Any, k: Any) -> None:
+def check_topk_arguments(scores: Any, row_starts: Any, row_ends: Any, k: Any) -> int:
     """Validate the arguments of :func:`topk` (and of the fast path, which shares the contract).
 
+    Returns:
+        ``k`` as a Python int (any integral that is not a bool is accepted: ``numpy.int64``,
+        a 0-d integer tensor...).
+
     Raises:
-        DTypeError: a non-tensor, ``scores`` not float32, bounds not int32/int64, ``k`` not an int.
-        ArgumentError: a wrong rank, bounds whose length is not ``num_rows``, ``k < 1``, or a row
-            with ``row_end < row_start``.
+        DTypeError: a non-tensor, ``scores`` not float32, bounds not int32/int64, ``k`` not an
+            integral (``operator.index`` fails) or a bool.
+        ArgumentError: a wrong rank, bounds whose length is not ``num_rows``, ``k < 1`` or
+            ``k > 2**31 - 1`` (:data:`MAX_K`), or a row with ``row_end < row_start``.
         DeviceError: bounds on another device than ``scores``.
 
     The ``row_end < row_start`` check reads the bounds (a host sync); it is skipped while a CUDA
@@ -53,10 +61,11 @@ def check_topk_arguments(scores: Any, row_starts: Any, row_ends: Any, k: Any) ->
         check_same_device(name, bound, scores.device)
         if bound.shape[0] != num_rows:
             raise ArgumentError(name, f"length num_rows = {num_rows} (the rows of scores)", bound.shape[0])
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise DTypeError("k", "a Python int", type(k).__name__)
+    k = _integral_k(k)
     if k < 1:
         raise ArgumentError("k", "an int >= 1", k)
+    if k > MAX_K:
+        raise ArgumentError("k", f"an int <= {MAX_K} (2**31 - 1; indices are int32)", k)
     if num_rows and not _capturing(scores.device):
         inverted = row_ends.to(torch.int64) < row_starts.to(torch.int64)
         if bool(inverted.any()):
@@ -66,6 +75,17 @@ def check_topk_arguments(scores: Any, row_starts: Any, row_ends: Any, k: Any) ->
                 f"row_end >= row_start in every row (row {row} has row_start {int(row_starts[row])})",
                 int(row_ends[row]),
             )
+    return k
+
+
+def _integral_k(k: Any) -> int:
+    expected = "an integral (int, numpy integer, ...; not a bool)"
+    if isinstance(k, bool) or (isinstance(k, torch.Tensor) and k.dtype == torch.bool):
+        raise DTypeError("k", expected, type(k).__name__)
+    try:
+        return operator.index(k)
+    except TypeError:
+        raise DTypeError("k", expected, type(k).__name__) from None
 
 
 def _capturing(device: torch.device) -> bool:
@@ -81,12 +101,13 @@ def monotone_key(scores: torch.Tensor) -> torch.Tensor:
     smallest key (-2**31) and 0xfffffffe to the next.
 
     Args:
-        scores: float32, any shape and strides.
+        scores: float32, any shape and strides; a view with the negative bit set (such as
+            ``z.conj().imag``) is materialized first, since its memory holds the negated values.
 
     Returns:
         int32, the shape of ``scores``.
     """
-    bits = scores.view(torch.int32)
+    bits = scores.resolve_neg().view(torch.int32)
     bits = torch.where(bits == _INT32_MIN, torch.zeros_like(bits), bits)  # -0.0 -> +0.0
     return torch.where(bits < 0, bits ^ _MAGNITUDE_MASK, bits)
 
@@ -114,7 +135,7 @@ def topk(scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
         scores: float32 ``[R, C]``, any strides (padded or strided rows).
         row_starts: int32 or int64 ``[R]``, any value (values past the int32 range work).
         row_ends: int32 or int64 ``[R]``, ``row_ends >= row_starts`` elementwise.
-        k: int >= 1 (may exceed ``C``).
+        k: an integral >= 1 and <= 2**31 - 1 (may exceed ``C``).
 
     Returns:
         int32 ``[R, k]`` on the device of ``scores``.  Bitwise invariant along the row axis
@@ -134,7 +155,7 @@ def topk(scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
         batch invariance): score descending, exact ties by ascending column, emitted ascending
         with a -1 tail in row-local coordinates.  Runs on CPU or GPU.
     """
-    check_topk_arguments(scores, row_starts, row_ends, k)
+    k = check_topk_arguments(scores, row_starts, row_ends, k)
     num_rows, num_cols = scores.shape
     device = scores.device
     out = torch.full((num_rows, k), -1, dtype=torch.int32, device=device)  # [R, K]

@@ -287,3 +287,100 @@ def test_cuda_graph_capture_and_replay_give_the_same_bits():
     x.copy_(randn(33, 4096, seed=23, dtype=BF16))
     graph.replay()
     assert torch.equal(bits(captured), bits(matmul(x, w, b, out_dtype=F32)))
+
+
+# --- regressions (adversarial review) -----------------------------------------------------------
+
+
+def _neg_view(t: torch.Tensor) -> torch.Tensor:
+    """A tensor equal to ``t`` whose values are stored negated behind the negative bit."""
+    z = torch.complex(torch.zeros_like(t), -t)  # imag = -t
+    view = z.conj().imag  # the negation of -t, as a flag only
+    assert view.is_neg()
+    return view
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+def test_strided_and_expanded_bias_are_read_through_their_strides(device):
+    gen = torch.Generator().manual_seed(40)
+    x, w = torch.randn(5, 32, generator=gen).to(device), torch.randn(24, 32, generator=gen).to(device)
+    strided = torch.randn(48, generator=gen).to(device)[::2]  # stride 2
+    expanded = torch.tensor([1.5], device=device).expand(24)  # stride 0, one element allocated
+    for bias in (strided, expanded):
+        assert_within_bound(matmul(x, w, bias), x, w, bias)
+        assert_within_bound(matmul(x, w.t(), bias, layout="mm"), x, w.t(), bias, layout="mm")
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+def test_enable_routes_f_linear_with_a_strided_bias_correctly(device):
+    import batchinv.fast
+
+    gen = torch.Generator().manual_seed(41)
+    x, w = torch.randn(5, 32, generator=gen).to(device), torch.randn(24, 32, generator=gen).to(device)
+    bias = torch.randn(48, generator=gen).to(device)[::2]
+    with batchinv.fast.enable() as stats:
+        out = torch.nn.functional.linear(x, w, bias)
+        out3 = torch.nn.functional.linear(x.reshape(1, 5, 32), w, bias)
+    assert stats.pinned["addmm"] >= 1 and sum(stats.fallback.values()) == 0
+    assert_within_bound(out, x, w, bias)
+    assert_within_bound(out3.reshape(5, 24), x, w, bias)
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+def test_negative_bit_views_are_resolved_before_the_launch(device):
+    gen = torch.Generator().manual_seed(42)
+    x = torch.randn(2, 600, generator=gen).to(device)
+    w = torch.randn(24, 600, generator=gen).to(device)
+    b = torch.randn(24, generator=gen).to(device)
+    for xi, wi, bi in ((_neg_view(x), w, b), (x, _neg_view(w), b), (x, w, _neg_view(b))):
+        assert_within_bound(matmul(xi, wi, bi), x, w, b)
+        assert_within_bound(reference(xi, wi, bi), x, w, b)
+    import batchinv.fast
+
+    with batchinv.fast.enable():
+        out = torch.nn.functional.linear(_neg_view(x), w, _neg_view(b))
+    assert_within_bound(out, x, w, b)
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+def test_out_that_aliases_an_input_or_itself_is_refused(device):
+    from batchinv.reference.errors import DTypeError
+
+    gen = torch.Generator().manual_seed(43)
+    x, w = torch.randn(8, 128, generator=gen).to(device), torch.randn(128, 128, generator=gen).to(device)
+    with pytest.raises(ArgumentError, match=r"'out'.*x"):
+        matmul(x, w, out=x)
+    with pytest.raises(ArgumentError, match=r"'out'.*weight"):
+        matmul(x, w[:, :8].t(), layout="linear", out=w[:8, :8].t())  # out in weight's storage
+    bias = torch.randn(8 * 128 + 128, generator=gen).to(device)
+    with pytest.raises(ArgumentError, match=r"'out'.*bias"):
+        matmul(x, w, bias[:128], out=bias[128:].view(8, 128))
+    with pytest.raises(ArgumentError, match=r"'out'.*overlap"):
+        matmul(x, w, out=torch.empty(1, 128, device=device).expand(8, 128))  # rows race
+    with pytest.raises(ArgumentError, match=r"'out'.*negative.*is_neg\(\)=True"):
+        matmul(x, w, out=_neg_view(torch.empty(8, 128, device=device)))
+    with pytest.raises(DTypeError, match=r"'out'.*Tensor.*list"):
+        matmul(x, w, out=[1])
+    transposed = torch.full((128, 8), float("nan"), device=device).t()  # column-major: allowed
+    assert matmul(x, w, out=transposed).data_ptr() == transposed.data_ptr()
+    assert_within_bound(transposed, x, w)
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+def test_dtype_messages_list_each_allowed_dtype_once(device):
+    from batchinv.reference.errors import DTypeError
+
+    x, w = torch.zeros(2, 8, device=device), torch.zeros(4, 8, device=device)
+    with pytest.raises(DTypeError) as bias_err:
+        matmul(x, w, torch.zeros(4, dtype=F16, device=device))
+    assert "float32 or float32" not in str(bias_err.value) and "float32" in bias_err.value.expected
+    with pytest.raises(DTypeError) as out_err:
+        matmul(x, w, out_dtype=F16)
+    assert "or float32" not in str(out_err.value), str(out_err.value)
+    with pytest.raises(DTypeError, match=r"bfloat16.*or float32"):
+        matmul(x.to(BF16), w.to(BF16), out_dtype=F16)

@@ -301,3 +301,109 @@ def test_property_agreement_and_row_locality(name: str) -> None:
 
 def fast_mod_outputs(result: object) -> tuple[torch.Tensor, ...]:
     return tuple(result) if isinstance(result, tuple) else (result,)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ regressions (adversarial review)
+
+
+def _neg_view(t: torch.Tensor) -> torch.Tensor:
+    """A float32 tensor equal to ``t`` whose values are stored negated behind the negative bit."""
+    view = torch.complex(torch.zeros_like(t), -t).conj().imag
+    assert view.is_neg()
+    return view
+
+
+def _both_paths(fused: bool):
+    from batchinv.reference import rms_norm as ref_mod
+
+    if fused:
+        return (fast_mod.fused_add_rms_norm, ref_mod.fused_add_rms_norm)
+    return (fast_mod.rms_norm, ref_mod.rms_norm)
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize(
+    "eps", [1e-50, 1e-46, 1e39, 10**400, -(10**400)], ids=["1e-50", "1e-46", "1e39", "1e400", "-1e400"]
+)
+def test_eps_outside_the_fp32_range_is_refused(device: torch.device, fused: bool, eps: object) -> None:
+    from batchinv.reference.errors import ArgumentError
+
+    x, w = torch.ones(2, 8, device=device), torch.ones(8, device=device)
+    args = (x, torch.ones(2, 8, device=device), w) if fused else (x, w)
+    baseline = (
+        rms_norm_baselines.fused_add_rms_norm_rows_block if fused else rms_norm_baselines.rms_norm_rows_block
+    )
+    for fn in (*_both_paths(fused), baseline):
+        with pytest.raises(ArgumentError, match=r"argument 'eps'.*float32"):
+            fn(*args, eps)
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True])
+def test_eps_at_the_fp32_edges_is_accepted(device: torch.device, fused: bool) -> None:
+    x, w = torch.ones(2, 8, device=device), torch.ones(8, device=device)
+    args = (x, torch.ones(2, 8, device=device), w) if fused else (x, w)
+    for eps in (1e-30, 3e38):
+        for fn in _both_paths(fused):
+            out = fast_mod_outputs(fn(*args, eps))[0]
+            assert bool(torch.isfinite(out).all())
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True])
+def test_weight_and_residual_on_another_device_raise_device_error(device: torch.device, fused: bool) -> None:
+    from batchinv.reference.errors import DeviceError
+
+    x, w, r = torch.ones(2, 8, device=device), torch.ones(8, device=device), torch.ones(2, 8, device=device)
+    meta_w, meta_r = w.to("meta"), r.to("meta")
+    for fn in _both_paths(fused):
+        with pytest.raises(DeviceError, match=r"'weight'.*meta"):
+            fn(*((x, r, meta_w) if fused else (x, meta_w)))
+        if fused:
+            with pytest.raises(DeviceError, match=r"'residual'.*meta"):
+                fn(x, meta_r, w)
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True])
+def test_zero_dim_x_names_x_and_its_rank(device: torch.device, fused: bool) -> None:
+    from batchinv.reference.errors import ArgumentError
+
+    x, w = torch.tensor(1.0, device=device), torch.ones(1, device=device)
+    for fn in _both_paths(fused):
+        with pytest.raises(ArgumentError, match=r"argument 'x'.*2-D.*0-D"):
+            fn(*((x, x, w) if fused else (x, w)))
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 40])
+def test_negative_bit_operands_are_resolved_before_the_launch(device: torch.device, n: int) -> None:
+    """A ``conj().imag`` view has column stride 2 and an odd word offset, so it is staged anyway
+    unless its rows are one element wide (N = 1, row_align 1: read in place).  ``torch._neg_view``
+    of an aligned, contiguous tensor is read in place at any N.  Either view equals its argument."""
+    x, r, w = (_rows(torch.float32, 3, n, seed=s).to(device) for s in (60, 61, 62))
+    w = w[0]
+
+    def neg(t: torch.Tensor) -> torch.Tensor:
+        view = _neg_view(t) if n == 1 else torch._neg_view(-t)
+        assert view.is_neg() and torch.equal(view, t)
+        return view
+
+    plain = fast_mod.rms_norm(x, w)
+    assert compare_bitwise(plain, fast_mod.rms_norm(neg(x), w)).equal
+    assert compare_bitwise(plain, fast_mod.rms_norm(x, neg(w))).equal
+    assert compare_bitwise(plain, rms_norm_baselines.rms_norm_rows_block(neg(x), w)).equal
+    fused = fast_mod.fused_add_rms_norm(x, r, w)
+    for got in (
+        fast_mod.fused_add_rms_norm(neg(x), r, w),
+        fast_mod.fused_add_rms_norm(x, neg(r), w),
+        fast_mod.fused_add_rms_norm(x, r, neg(w)),
+    ):
+        for a, b in zip(fused, got, strict=True):
+            assert compare_bitwise(a, b).equal

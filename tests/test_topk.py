@@ -685,3 +685,42 @@ def test_large_batch_every_row_matches_the_reference():
     for k in ENVELOPE_K:
         batch = COMPONENT.build(component_module.make_case(4096, 8192, k, seed=k), device)
         assert torch.equal(reference_topk(**batch.kwargs()), fast_topk(**batch.kwargs()))
+
+
+# --- regressions (adversarial review) -----------------------------------------------------------
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+def test_negative_bit_scores_rank_by_their_values(device):
+    gen = torch.Generator().manual_seed(50)
+    z = torch.randn(2, 600, dtype=torch.complex64, generator=gen).to(device)
+    s = z.conj().imag  # s == -z.imag, the negation only a flag
+    assert s.is_neg()
+    plain = s.resolve_neg()
+    starts, ends = bounds([0, 37], device), bounds([600, 580], device)
+    expected = oracle(plain, starts, ends, 512)
+    assert_bitwise(expected, reference_topk(s, starts, ends, 512), "reference")
+    assert_bitwise(expected, fast_topk(s, starts, ends, 512), "fast")
+    assert_bitwise(oracle(plain, starts, ends, 100), fast_topk(s, starts, ends, 100), "fast (fallback)")
+    assert torch.equal(monotone_key(s), monotone_key(plain))
+    assert_bitwise(masked_fused_topk(plain, starts, ends, 512).cpu(), masked_fused_topk(s, starts, ends, 512))
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+def test_k_accepts_any_integral_and_bounds_its_size(device):
+    import numpy as np
+
+    from batchinv.reference.errors import DTypeError
+
+    scores = torch.randn(2, 600, generator=torch.Generator().manual_seed(51)).to(device)
+    starts, ends = bounds([0, 3], device), bounds([600, 590], device)
+    expected = oracle(scores, starts, ends, 512)
+    for fn in (fast_topk, reference_topk):
+        assert_bitwise(expected, fn(scores, starts, ends, np.int64(512)), fn.__module__)
+        with pytest.raises(ArgumentError, match=r"'k'.*2147483647"):
+            fn(scores, starts, ends, 2**40)
+        for flag in (True, np.True_, torch.tensor(True)):
+            with pytest.raises(DTypeError, match=r"'k'"):
+                fn(scores, starts, ends, flag)

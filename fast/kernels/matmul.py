@@ -62,6 +62,7 @@ def persistent_matmul_kernel(
     stride_bn,
     stride_cm,
     stride_cn,
+    stride_bias,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -75,9 +76,10 @@ def persistent_matmul_kernel(
     The grid is the planned number of programs; program ``p`` computes tiles ``p``,
     ``p + grid``, ... in grouped order (GROUP_M row-tiles share B in L2; only the visiting
     order depends on it).  ``b`` is addressed through its strides, so ``F.linear``'s weight
-    ``w[N, K]`` row-major is ``b = w.T`` (``stride_bk = 1``, ``stride_bn = K``).  Row and
-    column offsets are formed in int64: a row index times a row stride passes 2**31 for large
-    operands (Triton tutorial 03).
+    ``w[N, K]`` row-major is ``b = w.T`` (``stride_bk = 1``, ``stride_bn = K``); ``bias`` is
+    addressed through ``stride_bias`` too (a strided view, or 0 for an expanded scalar).  Row
+    and column offsets are formed in int64: a row index times a row stride passes 2**31 for
+    large operands (Triton tutorial 03).
 
     ``INTERPRETED`` is set by the launcher only under the Triton interpreter (the cpu lane): the
     K tile is reduced as a product-and-sum instead of numpy's position-dependent matmul, and
@@ -128,7 +130,7 @@ def persistent_matmul_kernel(
             b_ptrs += b_step
 
         if HAS_BIAS:
-            bias = tl.load(bias_ptr + cols).to(tl.float32)
+            bias = tl.load(bias_ptr + cols * stride_bias).to(tl.float32)
             acc = acc + bias[None, :]
         c_ptrs = c_ptr + (offs_m.to(tl.int64)[:, None] * stride_cm + offs_n.to(tl.int64)[None, :] * stride_cn)
         c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
