@@ -121,7 +121,9 @@ def test_empty_tensors_compare(shape):
 
 def test_a_nan_bound_admits_nothing():
     ref = torch.tensor([[1.0]], dtype=torch.float64)
-    assert not compare_tolerance(ref, torch.tensor([[100.0]]), torch.tensor(math.nan, dtype=torch.float64)).within
+    assert not compare_tolerance(
+        ref, torch.tensor([[100.0]]), torch.tensor(math.nan, dtype=torch.float64)
+    ).within
 
 
 def test_correct_overflow_to_infinity_is_accepted_and_the_wrong_one_is_not():
@@ -133,3 +135,9 @@ def test_correct_overflow_to_infinity_is_accepted_and_the_wrong_one_is_not():
     assert not compare_tolerance(ref, wrong_sign, torch.tensor(1e9, dtype=torch.float64)).within
     # in fp32 the same value is finite, so an infinity there is wrong
     assert not compare_tolerance(ref, right.float(), torch.tensor(1e9, dtype=torch.float64)).within
+
+
+def test_matching_nan_classes_pass_whatever_their_bound():
+    ref = torch.tensor([[math.nan, 1.0]], dtype=torch.float64)
+    act = torch.tensor([[math.nan, 1.0]])
+    assert compare_tolerance(ref, act, torch.tensor([[math.nan, 0.0]], dtype=torch.float64)).within
