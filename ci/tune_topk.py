@@ -1,5 +1,7 @@
 """Tuning aid for the topk kernel (GPU lanes): times the pinned kernel at the bench points
-under several ``num_warps`` and checks every variant's bits against the shipped config.
+under several ``num_warps``, and a radix-4 variant of the k-th-key search (16 steps of three
+packed counts instead of 32 steps of one), and checks every variant's bits against the shipped
+kernel.
 
     python ci/tune_topk.py            # prints a table; exit 1 if any variant's bits differ
 
@@ -12,11 +14,90 @@ from __future__ import annotations
 import sys
 
 import torch
+import triton
+import triton.language as tl
 
 import batchinv.fast.topk as fast_topk
+from batchinv.fast.kernels.topk import KEY_MIN, _emit, _load_window, _monotone_key
 from batchinv.harness.bench import time_call
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import get
+
+
+@triton.jit
+def _kth_key_radix4(key, candidate, num_wanted):
+    """The same threshold as the shipped 32-step search, two bits per step: the three counts
+    of a step share one reduction (packed 16 bits apart in an int64; a count is <= 8192)."""
+    thresh = tl.full((), KEY_MIN, tl.int64)
+    key64 = key.to(tl.int64)
+    for step in tl.static_range(16):
+        unit = tl.full((), 1, tl.int64) << (30 - 2 * step)
+        c1 = (candidate & (key64 >= thresh + unit)).to(tl.int64)
+        c2 = (candidate & (key64 >= thresh + 2 * unit)).to(tl.int64)
+        c3 = (candidate & (key64 >= thresh + 3 * unit)).to(tl.int64)
+        packed = tl.sum(c1 + (c2 << 16) + (c3 << 32), axis=0)
+        n1, n2, n3 = packed & 0xFFFF, (packed >> 16) & 0xFFFF, packed >> 32
+        digit = (
+            (n1 >= num_wanted).to(tl.int64)
+            + (n2 >= num_wanted).to(tl.int64)
+            + (n3 >= num_wanted).to(tl.int64)
+        )
+        thresh = thresh + digit * unit
+    return thresh.to(tl.int32)
+
+
+@triton.jit
+def topk_radix4_kernel(
+    scores_ptr,
+    row_starts_ptr,
+    row_ends_ptr,
+    out_ptr,
+    num_cols,
+    stride_scores_row,
+    stride_scores_col,
+    stride_starts,
+    stride_ends,
+    stride_out_row,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    start, end = _load_window(row_starts_ptr, row_ends_ptr, row, num_cols, stride_starts, stride_ends)
+    cols = tl.arange(0, BLOCK_N)
+    in_window = (cols >= start) & (cols < end)
+    scores = tl.load(
+        scores_ptr + row * stride_scores_row + cols.to(tl.int64) * stride_scores_col,
+        mask=in_window,
+        other=0.0,
+    )
+    key = _monotone_key(scores)
+    num_wanted = tl.minimum(end - start, K)
+    kth = _kth_key_radix4(key, in_window, num_wanted)
+    above = in_window & (key > kth)
+    tied = in_window & (key == kth)
+    budget = num_wanted - tl.sum(above.to(tl.int32), axis=0)
+    take = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= budget))
+    _emit(out_ptr + row * stride_out_row, take, cols - start, K)
+
+
+def radix4_topk(scores, row_starts, row_ends, k, num_warps):
+    out = torch.empty((scores.shape[0], k), dtype=torch.int32, device=scores.device)
+    topk_radix4_kernel[(scores.shape[0],)](
+        scores,
+        row_starts,
+        row_ends,
+        out,
+        scores.shape[1],
+        scores.stride(0),
+        scores.stride(1),
+        row_starts.stride(0),
+        row_ends.stride(0),
+        out.stride(0),
+        K=k,
+        BLOCK_N=triton.next_power_of_2(scores.shape[1]),
+        num_warps=num_warps,
+    )
+    return out
 
 
 def main() -> int:
@@ -39,9 +120,15 @@ def main() -> int:
             finally:
                 fast_topk.select_config = shipped
             rows.append((case.axes["num_rows"], case.axes["k"], warps, us, same, base.num_warps == warps))
+        for warps in (4, 8, 16):
+            got = radix4_topk(**kw, num_warps=warps)
+            same = torch.equal(got, expected)
+            bad += not same
+            us, _ = time_call(lambda kw=kw, w=warps: radix4_topk(**kw, num_warps=w), 30)
+            rows.append((case.axes["num_rows"], case.axes["k"], f"r4/{warps}", us, same, False))
     print("num_rows  k     warps  us/call  bits-equal  shipped")
     for r in rows:
-        print(f"{r[0]:<9} {r[1]:<5} {r[2]:<6} {r[3]:<8.1f} {r[4]!s:<11} {'*' if r[5] else ''}")
+        print(f"{r[0]:<9} {r[1]:<5} {r[2]!s:<6} {r[3]:<8.1f} {r[4]!s:<11} {'*' if r[5] else ''}")
     return 1 if bad else 0
 
 
