@@ -1,0 +1,60 @@
+"""Triton kernel for the mean over the last dim (only ``@triton.jit`` code).
+
+A program owns a tile of ``BLOCK_M`` rows and walks them in fixed chunks of ``BLOCK_N``
+columns; each lane (row, column slot) keeps an fp32 running sum, and a row's ``BLOCK_N``
+lanes are combined by :func:`fixed_point_lane_sum` (integer adds on a fixed-point grid: the same
+bits in any order, so Triton's register layout does not enter).  The order of a row's additions depends on ``BLOCK_N`` and the row
+length alone; rows never meet, so the bits of a row do not
+depend on the number of rows, its slot or its neighbours.  The launcher (``fast/mean.py``)
+takes the tile from a table keyed on (arch, dtype, row length).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from batchinv.fast.kernels.softmax import fixed_point_lane_sum, round_to
+
+
+# num_rows is never specialized: Triton would otherwise compile a variant for num_rows == 1 and
+# for num_rows % 16 == 0, i.e. pick code by the batch size.
+@triton.jit(do_not_specialize=["num_rows"])
+def mean_kernel(
+    x_ptr,
+    y_ptr,
+    num_rows,
+    n_cols,
+    stride_x_row,
+    stride_x_col,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FIXED_POINT: tl.constexpr = True,
+):
+    """y[r] = sum_n x[r, n].to(y.dtype).to(fp32) / n_cols, stored in y's dtype.
+
+    Each element is first rounded to the output dtype (``torch.mean(..., dtype=)`` casts its
+    input before reducing), then accumulated in fp32 from +0.  ``FIXED_POINT=False`` replaces
+    the order-free lane combine by a float ``tl.sum``: only the unpinned baseline uses it.
+    """
+    # int64 row offsets: row * stride passes 2**31 for long rows times many rows.
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    row_ok = (rows < num_rows)[:, None]
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    x_ptrs = x_ptr + rows[:, None] * stride_x_row + cols.to(tl.int64) * stride_x_col
+    # Advance pointers by an int64 step: start * stride_x_col can pass 2**31 for a column-strided view.
+    col_step = tl.full([1, BLOCK_N], BLOCK_N, tl.int64) * stride_x_col
+    acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    p = x_ptrs
+    for start in range(0, n_cols, BLOCK_N):
+        mask = row_ok & (cols < n_cols - start)
+        x = tl.load(p, mask=mask, other=0.0)
+        p += col_step
+        # Through fp32 first: bf16 -> fp32 is exact, so the one rounding to the output dtype is
+        # the direct conversion's (and Triton's interpreter has no direct bf16 -> fp16 path).
+        acc += round_to(x.to(tl.float32), y_ptr.dtype.element_ty).to(tl.float32)
+    if FIXED_POINT:
+        total = fixed_point_lane_sum(acc)
+    else:
+        total = tl.sum(acc, axis=1)
+    tl.store(y_ptr + rows, round_to(total / n_cols, y_ptr.dtype.element_ty), mask=rows < num_rows)

@@ -1,0 +1,190 @@
+"""Batch-invariant mean over the last dim: the launcher of ``kernels/mean.py``.
+
+Validates its arguments (typed errors), allocates the output, picks the tile from
+:data:`MEAN_TABLE` (keyed on arch, dtype and row length only) and launches one program per tile
+of ``block_m`` rows.  No host synchronisation, so a call can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
+
+import torch
+import triton
+
+from batchinv.fast.device import arch, check_launch_device, interpreter_quiet, kernel_operand
+from batchinv.fast.kernels.mean import mean_kernel
+from batchinv.fast.softmax import ANY_LENGTH, arch_family
+from batchinv.reference.mean import check_mean_args
+
+
+@dataclass(frozen=True)
+class MeanConfig:
+    """A kernel configuration (a tile).
+
+    Attributes:
+        block_m: rows per program; rows of a tile never meet.
+        block_n: columns per chunk (a power of two).  It sets the order of the additions: each
+            lane adds ``ceil(N / block_n)`` chunks, then the lanes are combined on a fixed-point
+            grid (integer adds: the same bits in any order).
+        num_warps: warps per program.
+
+        Only ``block_n`` enters a row's arithmetic; all three are pinned anyway.
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"{name}: expected a power of two, got {value}")
+
+
+@dataclass(frozen=True)
+class MeanBucket:
+    """Rows of length ``<= max_cols`` (and above the previous bucket's) use ``config``."""
+
+    max_cols: int
+    config: MeanConfig
+
+
+# The configuration table.  It is keyed ONLY on (arch, input dtype, row length): the tile sets
+# the order of the additions, so a key on the number of rows would make a row's bits depend on
+# its batch.  Never add the row count (or anything derived from it) to this key; a CPU test
+# checks that the launcher's plan is the same at every M.
+_GPU_16BIT: Final = (
+    MeanBucket(256, MeanConfig(8, 256, 4)),
+    MeanBucket(2048, MeanConfig(2, 2048, 8)),
+    MeanBucket(ANY_LENGTH, MeanConfig(1, 8192, 16)),
+)
+_INTERP: Final = (
+    MeanBucket(1024, MeanConfig(64, 128, 1)),
+    MeanBucket(ANY_LENGTH, MeanConfig(1, 512, 1)),
+)
+MEAN_TABLE: Final = MappingProxyType(
+    {
+        ("gpu", torch.float32): (
+            MeanBucket(256, MeanConfig(8, 256, 4)),
+            MeanBucket(2048, MeanConfig(2, 2048, 8)),
+            MeanBucket(ANY_LENGTH, MeanConfig(1, 4096, 16)),
+        ),
+        ("gpu", torch.bfloat16): _GPU_16BIT,
+        ("gpu", torch.float16): _GPU_16BIT,
+        # The interpreter (cpu lane) pays per operation: 64-row tiles, 128-column chunks so
+        # short rows still loop and end in a masked tail.
+        ("interp", torch.float32): _INTERP,
+        ("interp", torch.bfloat16): _INTERP,
+        ("interp", torch.float16): _INTERP,
+    }
+)
+
+
+def mean_config(arch_name: str, dtype: torch.dtype, n_cols: int) -> MeanConfig:
+    """The configuration for rows of ``n_cols`` elements of input ``dtype`` on ``arch_name``.
+
+    The signature is the key: (arch, dtype, row length), never the number of rows.
+    """
+    for bucket in MEAN_TABLE[(arch_family(arch_name), dtype)]:
+        if n_cols <= bucket.max_cols:
+            return bucket.config
+    raise AssertionError("unreachable: the last bucket takes any length")
+
+
+def reduction_depth(config: MeanConfig, n_cols: int) -> tuple[int, int]:
+    """(chunks, combine) of the pinned sum in fp32 roundings (see ``fast.softmax.reduction_depth``)."""
+    return max(1, math.ceil(n_cols / config.block_n)), 2
+
+
+def launch(
+    x: torch.Tensor,
+    out_dtype: torch.dtype,
+    keepdim: bool,
+    config: MeanConfig | None = None,
+    fixed_point: bool = True,
+) -> torch.Tensor:
+    """Launch the kernel on validated arguments.  ``config`` (instead of the table) and
+    ``fixed_point=False`` (a float ``tl.sum`` lane combine) are for the unpinned baseline only."""
+    x = kernel_operand(x)  # a negated view (x.conj().imag) is resolved, never read raw
+    n_cols = x.shape[-1]
+    x2 = x if x.dim() == 2 else x.reshape(-1, n_cols)  # (R, N); a view whenever the strides allow
+    out_shape = (*x.shape[:-1], 1) if keepdim else x.shape[:-1]
+    y = torch.empty(out_shape, dtype=out_dtype, device=x.device)  # contiguous: row r at flat index r
+    num_rows = x2.shape[0]
+    if num_rows == 0:
+        return y
+    if config is None:
+        config = mean_config(arch(x.device), x.dtype, n_cols)
+    grid = (triton.cdiv(num_rows, config.block_m),)
+    with interpreter_quiet():
+        mean_kernel[grid](
+            x2,
+            y,
+            num_rows,
+            n_cols,
+            x2.stride(0),
+            x2.stride(1),
+            BLOCK_M=config.block_m,
+            BLOCK_N=config.block_n,
+            FIXED_POINT=fixed_point,
+            num_warps=config.num_warps,
+        )
+    return y
+
+
+def mean(
+    x: torch.Tensor, dim: int = -1, keepdim: bool = False, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """Batch-invariant mean over the last dim (Triton, one program per row tile).
+
+    ``y[r] = (1 / N) * sum_n x[r, n].to(dtype)``, accumulated in fp32.
+
+    Parameters
+    ----------
+    x : Tensor, (R, N) or (B, S, N), float32, bfloat16 or float16; any strides (a 3-D input
+        whose leading dims cannot be merged is copied first).
+    dim : int
+        Must name the last dim (-1 or ``x.dim() - 1``): the only dim whose reduction keeps rows
+        independent.  Any other dim raises :class:`ArgumentError`.
+    keepdim : bool
+        Keep the reduced dim with size 1.
+    dtype : torch.dtype or None
+        As documented for ``torch.mean``: ``x`` is cast to it (float32, bfloat16 or float16)
+        before reducing; the output has this dtype (``x.dtype`` when None).  (torch's own CPU
+        kernel sums the uncast values for a bf16/fp16 ``dtype``; this follows the documentation.)
+
+    Returns
+    -------
+    Tensor, (R,) or (B, S) -- (R, 1) / (B, S, 1) with ``keepdim`` -- contiguous, dtype as above.
+
+    Notes
+    -----
+    Each lane of a ``block_n``-column chunk adds its elements in fp32 in column order, then an
+    order-free fixed-point combine adds the lanes (exact up to 2**-29 of the largest lane, then
+    rounded to fp32); ``block_n`` comes from
+    :data:`MEAN_TABLE` keyed on (arch, dtype, N).  So a row's output bits are invariant along the batch axes: the number of rows, the
+    row's position and neighbours, its strides, and earlier calls.
+    NaN in a row gives NaN; +inf and -inf together give NaN; one sign of inf gives that inf.
+    The sum starts from +0, so a row of -0 gives +0.  N = 0 gives NaN.  Partial sums beyond
+    fp32's range overflow to +-inf (as ``torch.mean`` on CUDA).  Subnormal inputs are ordinary
+    values unless the GPU flushes them (then they count as 0).
+
+    Raises
+    ------
+    DTypeError
+        ``x`` is not float32/bfloat16/float16, or ``dtype`` is not None or one of those.
+    ArgumentError
+        ``x`` not 2-D/3-D; ``dim`` not the last dim or out of range; ``keepdim`` not a bool.
+    DeviceError
+        ``x`` is not a CUDA tensor (CPU tensors are accepted under ``TRITON_INTERPRET=1``).
+
+    Source: the definition, with ``torch.mean``'s cast-then-reduce meaning of ``dtype``.
+    """
+    out_dtype = check_mean_args(x, dim, keepdim, dtype)
+    check_launch_device("x", x)
+    return launch(x, out_dtype, keepdim)

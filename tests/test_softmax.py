@@ -1,0 +1,345 @@
+"""Tests of ``softmax`` and ``log_softmax`` over the last dim: the config table, half_to_float,
+special values, strided rows, docstring promises and hypothesis properties.
+
+Expected outputs are written out by hand from the math (exact powers of two, one-hot rows,
+NaN rows), or come from Python's double-precision ``math`` module or the fp64 reference with
+the component's derived bound; never from the code under test.  The registry-driven checks
+(agreement and invariance over the sweep, negative controls, error inputs) live in
+``tests/test_components.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batchinv.fast import softmax as fast_module
+from batchinv.fast.softmax import SOFTMAX_TABLE, SoftmaxConfig, softmax_config
+from batchinv.fast.softmax_baselines import rows_heuristic_config
+from batchinv.harness import bitpatterns as bp
+from batchinv.harness.compare import compare_bitwise, compare_tolerance
+from batchinv.harness.components import log_softmax as log_component
+from batchinv.harness.components import softmax as component
+from batchinv.harness.lanes import Lane
+from batchinv.harness.plugin import current_lane
+from batchinv.harness.registry import Batch, m_sweep
+from batchinv.reference.errors import ArgumentError
+from batchinv.reference.softmax import log_softmax as reference_log_softmax
+from batchinv.reference.softmax import softmax as reference_softmax
+
+LANE = current_lane()
+DEVICE = torch.device("cpu" if LANE is Lane.CPU else "cuda")
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+FAST = {"softmax": fast_module.softmax, "log_softmax": fast_module.log_softmax}
+REFERENCE = {"softmax": reference_softmax, "log_softmax": reference_log_softmax}
+BOUND = {"softmax": component.softmax_bound, "log_softmax": component.log_softmax_bound}
+NAN, INF = float("nan"), float("inf")
+
+
+def any_lane(fn):
+    """A test of kernel behaviour: the cpu lane (interpreter) and every GPU lane."""
+    return pytest.mark.cpu(pytest.mark.gpu(fn))
+
+
+def t(rows, dtype=F32) -> torch.Tensor:
+    return torch.tensor(rows, dtype=dtype, device=DEVICE)
+
+
+def bits32(x: torch.Tensor) -> list[int]:
+    return [v & 0xFFFFFFFF for v in x.float().cpu().reshape(-1).view(torch.int32).tolist()]
+
+
+def within_bound(name: str, x: torch.Tensor, out: torch.Tensor, half_to_float: bool = False) -> None:
+    batch = Batch({"x": x}, {"dim": -1, "half_to_float": half_to_float})
+    ref = REFERENCE[name](x, -1, half_to_float)
+    report = compare_tolerance(ref, out, BOUND[name](batch, (ref,))[0])
+    assert report.within, str(report)
+
+
+# --- the config table -------------------------------------------------------------------------
+
+
+def test_config_is_keyed_on_arch_dtype_and_row_length_only():
+    assert list(inspect.signature(softmax_config).parameters) == ["arch_name", "dtype", "n_cols"]
+    for key in SOFTMAX_TABLE:
+        assert isinstance(key, tuple) and len(key) == 2, key  # (arch family, dtype); length is the bucket
+
+
+def test_config_table_is_frozen_and_complete():
+    with pytest.raises(TypeError):
+        SOFTMAX_TABLE[("gpu", F32)] = ()  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        softmax_config("sm90", F32, 151936).block_n = 1  # type: ignore[misc]
+    with pytest.raises(ValueError, match="block_n"):
+        SoftmaxConfig(1, 3000, 4)
+    for (family, dtype), buckets in SOFTMAX_TABLE.items():
+        limits = [b.max_cols for b in buckets]
+        assert limits == sorted(limits) and limits[-1] >= 2**40, (family, dtype)
+        if family != "gpu":
+            continue
+        for vocab in (32000, 128256, 151936, 50257):
+            config = softmax_config("sm90", dtype, vocab)
+            # a vocabulary never fits one register-resident block: one program loops over chunks
+            assert config.block_n < vocab and config.block_m == 1, (dtype, vocab, config)
+
+
+class _Recorder:
+    """Stands in for the jitted kernel: records each launch's grid and constexprs."""
+
+    def __init__(self):
+        self.launches: list[tuple[tuple[int, ...], dict]] = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append((grid, dict(kwargs)))
+
+        return launch
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("n_cols", [100, 333, 1537])
+@pytest.mark.parametrize("log", [False, True])
+def test_launch_plan_is_the_same_at_every_batch_size(monkeypatch, n_cols, log):
+    """The launcher's constexprs (the reduction order) never change with M; only the grid does."""
+    recorder = _Recorder()
+    monkeypatch.setattr(fast_module, "softmax_kernel", recorder)
+    x = torch.zeros(4096, n_cols, dtype=BF16)
+    fn = fast_module.log_softmax if log else fast_module.softmax
+    sweep = m_sweep(Lane.SM90)
+    for m in sweep:
+        fn(x[:m], half_to_float=True)
+    plans = [kwargs for _, kwargs in recorder.launches]
+    assert len(plans) == len(sweep)
+    assert all(p == plans[0] for p in plans), plans
+    block_m = plans[0]["BLOCK_M"]
+    assert [grid for grid, _ in recorder.launches] == [(-(-m // block_m),) for m in sweep]
+
+
+def test_the_rows_heuristic_baseline_does_key_on_rows():
+    """The negative control is what it claims: its chunk width changes with the row count."""
+    cpu = torch.device("cpu")
+    few, many = (rows_heuristic_config(cpu, F32, rows, 333).block_n for rows in (1, 4096))
+    assert few != many
+
+
+# --- half_to_float ----------------------------------------------------------------------------
+
+
+@any_lane
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_half_to_float_returns_fp32_not_a_widened_half(name, dtype):
+    gen = torch.Generator().manual_seed(11)
+    x = (torch.randn(5, 300, generator=gen) * 3).to(dtype).to(DEVICE)
+    out = FAST[name](x, -1, True)
+    assert out.dtype == F32 and out.shape == x.shape
+    within_bound(name, x, out, half_to_float=True)
+    # computed and stored in fp32: most values carry bits a 16-bit result could not hold
+    narrowed = out.to(dtype).to(F32)
+    assert (narrowed != out).float().mean() > 0.5
+    # and the same input without half_to_float stays in its dtype
+    assert FAST[name](x).dtype == dtype
+
+
+@any_lane
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_half_to_float_with_fp32_input_raises(name):
+    for fn in (FAST[name], REFERENCE[name]):
+        with pytest.raises(ArgumentError, match="half_to_float"):
+            fn(t([[0.0, 1.0]]), -1, True)
+
+
+# --- special values ---------------------------------------------------------------------------
+
+
+@any_lane
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [F32, BF16, F16])
+def test_nan_inf_and_all_neg_inf_rows_are_nan(name, dtype):
+    rows = torch.zeros(6, 5, dtype=dtype)
+    rows[0, 2] = bp.pattern(dtype, "+quiet_nan").tensor()
+    rows[1, 0] = bp.pattern(dtype, "-signalling_nan").tensor()
+    rows[2, 4] = bp.pattern(dtype, "all_ones_nan").tensor()
+    rows[3, 1] = INF
+    rows[4] = -INF
+    rows[5, 3] = -INF  # a finite row: no NaN
+    out = FAST[name](rows.to(DEVICE)).float().cpu()
+    assert torch.isnan(out[:5]).all()
+    assert not torch.isnan(out[5]).any()
+
+
+@any_lane
+@pytest.mark.parametrize("dtype", [F32, BF16, F16])
+def test_neg_inf_entries_give_exact_zero_and_one_hot(dtype):
+    x = t([[-INF, 0.0], [-INF, 3.5]], dtype)
+    out = fast_module.softmax(x)
+    assert out.tolist() == [[0.0, 1.0], [0.0, 1.0]]
+    assert bits32(out[:, 0]) == [0, 0]  # +0, never -0
+    y = fast_module.softmax(t([[-INF, -INF, 5.0, -INF]], dtype))
+    assert y.tolist() == [[0.0, 0.0, 1.0, 0.0]]
+    z = fast_module.log_softmax(t([[-INF, 0.0, -INF]], dtype))
+    assert z.tolist() == [[-INF, 0.0, -INF]]
+    assert bits32(z[:, 1]) == [0]  # exactly +0 at the maximum
+
+
+@any_lane
+@pytest.mark.parametrize("dtype", [F32, BF16, F16])
+@pytest.mark.parametrize("n_cols", [1, 128, 256, 1024, 4096])
+def test_all_equal_rows_are_exactly_uniform(dtype, n_cols):
+    """exp(0) = 1 exactly and a sum of 2**k ones is exact: 1 / 2**k is exact in every dtype."""
+    x = torch.full((3, n_cols), 1.25, dtype=dtype, device=DEVICE)
+    x[1] = -7.0
+    x[2] = bp.pattern(dtype, "+min_subnormal").tensor()
+    assert (fast_module.softmax(x) == 1.0 / n_cols).all()
+    y = fast_module.log_softmax(x, half_to_float=dtype != F32).float().cpu()
+    expected = torch.tensor(-math.log(n_cols), dtype=F32)
+    ulp = torch.nextafter(expected, torch.tensor(0.0)) - expected
+    assert ((y - expected).abs() <= 4 * ulp.abs() + 2.0**-22).all()
+
+
+@any_lane
+def test_signed_zeros_and_subnormals_are_ordinary_values():
+    fmt_sub = bp.pattern(F32, "+max_subnormal").tensor().item()
+    x = t([[-0.0, 0.0], [fmt_sub, -fmt_sub], [bp.pattern(F32, "+min_subnormal").tensor().item(), 0.0]])
+    assert (fast_module.softmax(x) == 0.5).all()
+
+
+@any_lane
+def test_huge_magnitudes_do_not_overflow():
+    big = bp.pattern(F32, "+max_normal").tensor().item()
+    out = fast_module.softmax(t([[big, 0.0, -1e30], [1e30, -1e30, 1e29]]))
+    assert out.tolist() == [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
+    y = fast_module.log_softmax(t([[1e30, -1e30], [big, -big]]))
+    low = torch.tensor(-1e30, dtype=F32).item()
+    assert y[0].tolist() == [0.0, 2 * low] and bits32(y[0, :1]) == [0]
+    # documented: x - max below fp32's range is -inf (as torch's fp32 log_softmax)
+    assert y[1].tolist() == [0.0, -INF]
+
+
+@any_lane
+@pytest.mark.parametrize("offset", [2.0**20, -(2.0**20), 3.0e4])
+def test_cancellation_around_a_large_offset(offset):
+    """softmax is shift-invariant: offset + d must give softmax(d) (math.exp in double as the
+    oracle), which a kernel that scales x by log2(e) before subtracting the max would miss."""
+    d = [0.25 * k for k in (0, -1, -3, -8, -13, 2, 5, -2)]
+    x = t([[offset + v for v in d]])
+    assert x.cpu().tolist()[0] == [offset + v for v in d]  # representable exactly
+    top = max(d)
+    total = sum(math.exp(v - top) for v in d)
+    expected = torch.tensor([[math.exp(v - top) / total for v in d]], dtype=torch.float64)
+    out = fast_module.softmax(x).double().cpu()
+    assert ((out - expected).abs() <= 64 * 2.0**-24 * expected).all(), (out, expected)
+    log_expected = torch.tensor([[v - top - math.log(total) for v in d]], dtype=torch.float64)
+    log_out = fast_module.log_softmax(x).double().cpu()
+    assert ((log_out - log_expected).abs() <= 64 * 2.0**-24 * (1 + log_expected.abs())).all()
+
+
+@any_lane
+def test_empty_rows_and_empty_batches():
+    for shape in [(0, 17), (3, 0), (2, 0, 5)]:
+        x = torch.zeros(shape, device=DEVICE)
+        for name in ("softmax", "log_softmax"):
+            assert FAST[name](x).shape == x.shape
+            assert REFERENCE[name](x).shape == x.shape
+
+
+# --- strided rows -----------------------------------------------------------------------------
+
+
+def _layouts(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``x`` (rows, cols) as views of NaN-filled buffers (a stray read poisons the row)."""
+    rows, cols = x.shape
+    padded = torch.full((rows, cols + 13), NAN, dtype=x.dtype, device=x.device)
+    padded[:, :cols] = x
+    strided = torch.full((rows, 2 * cols), NAN, dtype=x.dtype, device=x.device)
+    strided[:, ::2] = x
+    return {
+        "padded": padded[:, :cols],
+        "column_stride_2": strided[:, ::2],
+        "column_major": x.t().contiguous().t(),
+    }
+
+
+@any_lane
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_strided_rows_give_the_contiguous_bits(name, dtype):
+    """The pinned order does not depend on strides: any layout gives the contiguous bits."""
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(6, 333, generator=gen) * 4).to(dtype).to(DEVICE)
+    expected = FAST[name](x)
+    for label, view in _layouts(x).items():
+        out = FAST[name](view)
+        report = compare_bitwise(expected, out)
+        assert report.equal, f"{label}: {report}"
+        assert out.is_contiguous() and out.shape == view.shape
+    # 3-D (B, S, V) whose (B, S) cannot merge into one row stride: copied, same bits
+    buffer = torch.full((3, 3, 333), NAN, dtype=dtype, device=DEVICE)
+    buffer[:, :2] = x.reshape(3, 2, 333)
+    out = FAST[name](buffer[:, :2])
+    assert out.shape == (3, 2, 333)
+    assert compare_bitwise(expected, out.reshape(6, 333)).equal
+
+
+# --- hypothesis -------------------------------------------------------------------------------
+
+
+@any_lane
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_property_within_the_derived_bound(name):
+    comp = component.COMPONENT if name == "softmax" else log_component.COMPONENT
+
+    @settings(max_examples=12)
+    @given(comp.strategy(LANE, DEVICE))
+    def check(batch):
+        out = comp.fast(**batch.kwargs())
+        ref = comp.reference(**batch.kwargs())
+        report = compare_tolerance(ref, out, comp.agreement.bound(batch, (ref,))[0])
+        assert report.within, str(report)
+
+    check()
+
+
+@any_lane
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_property_rows_do_not_see_the_batch(name):
+    """A prefix and a permutation of the rows give the same bits row by row."""
+
+    @settings(max_examples=10)
+    @given(component.strategy_for(name, LANE, DEVICE), st.integers(0, 2**31 - 1))
+    def check(batch, seed):
+        x = batch.rows["x"]
+        full = FAST[name](x, -1, batch.shared["half_to_float"])
+        gen = torch.Generator().manual_seed(seed)
+        m = int(torch.randint(1, x.shape[0] + 1, (1,), generator=gen))
+        perm = torch.randperm(x.shape[0], generator=gen).to(DEVICE)
+        prefix = FAST[name](x[:m], -1, batch.shared["half_to_float"])
+        shuffled = FAST[name](x[perm], -1, batch.shared["half_to_float"])
+        assert compare_bitwise(full[:m], prefix).equal
+        assert compare_bitwise(full[perm], shuffled).equal
+
+    check()
+
+
+# --- the reference's own promises -------------------------------------------------------------
+
+
+def test_reference_matches_torch_on_special_rows():
+    """The reference's non-finite behaviour is aten's (torch's fp64 softmax as the oracle)."""
+    x = torch.tensor(
+        [[INF, 1.0, 2.0], [-INF, -INF, -INF], [NAN, 0.0, 1.0], [-INF, 3.0, 1.0], [1e30, -1e30, 0.0]],
+        dtype=F32,
+    )
+    for mine, theirs in ((reference_softmax, torch.softmax), (reference_log_softmax, torch.log_softmax)):
+        expected = theirs(x.double(), -1)
+        got = mine(x)
+        assert got.dtype == torch.float64
+        assert torch.equal(torch.isnan(got), torch.isnan(expected))
+        finite = ~torch.isnan(expected)
+        assert torch.allclose(got[finite], expected[finite], rtol=1e-15, atol=0.0)
