@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (cpu lane)
 
 import pytest
 import torch

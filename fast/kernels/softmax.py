@@ -27,9 +27,17 @@ import triton.language as tl
 # Constants used inside kernels must be tl.constexpr globals to compile on a real GPU.
 NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
 POS_INF: tl.constexpr = tl.constexpr(float("inf"))
-NAN: tl.constexpr = tl.constexpr(float("nan"))
+# No NaN constexpr global: Triton re-checks globals after compiling and NaN != NaN, so a NaN
+# global fails every launch on a GPU ("Global variable NAN has changed").  Build it from bits.
+QUIET_NAN_BITS: tl.constexpr = tl.constexpr(0x7FC00000)
 #: log2 of the widest lane vector a kernel may combine (BLOCK_N <= 2**16).
 MAX_LOG2_LANES: tl.constexpr = tl.constexpr(16)
+
+
+@triton.jit
+def _quiet_nan():
+    """The fp32 quiet NaN 0x7fc00000 (the default NaN of the GPU's arithmetic)."""
+    return tl.full((), QUIET_NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -66,7 +74,7 @@ def fixed_point_lane_sum(v):
     any_neg = tl.max(neg_inf.to(tl.int32), axis=1) > 0
     total = tl.where(any_pos, POS_INF, total)
     total = tl.where(any_neg, NEG_INF, total)
-    return tl.where(any_nan | (any_pos & any_neg), NAN, total)
+    return tl.where(any_nan | (any_pos & any_neg), _quiet_nan(), total)
 
 
 @triton.jit
@@ -145,7 +153,7 @@ def softmax_kernel(
     else:
         row_sum = tl.sum(s * scale, axis=1)
     # +inf in the row, or nothing but -inf: the row is NaN (a NaN input already made it so).
-    row_sum = tl.where((row_max == POS_INF) | (row_max == NEG_INF), NAN, row_sum)
+    row_sum = tl.where((row_max == POS_INF) | (row_max == NEG_INF), _quiet_nan(), row_sum)
     row_max = row_max[:, None]
     row_sum = row_sum[:, None]
     log_sum = tl.log(row_sum)

@@ -73,7 +73,9 @@ def _load_window(row_starts_ptr, row_ends_ptr, row, num_cols, stride_starts, str
 # Sizes and strides other than the column stride are not specialized: each distinct value class
 # would compile another kernel (the row_start sweep alone walks several), and the selection is
 # integer logic whose bits cannot depend on how the loads were vectorized.
-_NOT_SPECIALIZED = ["num_cols", "stride_scores_row", "stride_starts", "stride_ends", "stride_out_row"]
+# The row stride stays specialized: its divisibility by 16 lets the loads of a row vectorize
+# (leaving it out cost 34% on the H200, 20.6 -> 27.6 us at 1 x 8192).
+_NOT_SPECIALIZED = ["num_cols", "stride_starts", "stride_ends", "stride_out_row"]
 
 
 @triton.jit(do_not_specialize=_NOT_SPECIALIZED)

@@ -19,7 +19,7 @@ from batchinv.harness.components.rms_norm import (
     out_bound,
     shift_rows,
 )
-from batchinv.harness.registry import ALL_LANES, GPU_LANES, Baseline, Batch, Component, Outputs, Toleranced
+from batchinv.harness.registry import ALL_LANES, Baseline, Batch, Component, Outputs, Toleranced
 from batchinv.reference import rms_norm as reference
 
 
@@ -46,10 +46,11 @@ COMPONENT = Component(
             name="torch",
             fn=baselines.fused_add_rms_norm_torch,
             why=(
-                "torch.add + torch.nn.functional.rms_norm: on CUDA the vectorized norm kernel runs "
-                "only for 16-byte aligned pointers, another tiling otherwise (row_start)"
+                "torch.add + torch.nn.functional.rms_norm, the unfused production path; the add "
+                "writes a fresh, aligned tensor, so the norm always takes its vectorized kernel: "
+                "no variance was seen on the H200 (2026-11-29), so it is reported, not required"
             ),
-            expected_to_vary_on=GPU_LANES,
+            expected_to_vary_on=frozenset(),
         ),
     ),
     cases=make_cases("fused_add_rms_norm", fused=True),
