@@ -1,34 +1,3 @@
 #!/usr/bin/env bash
-# sm100 lane (Blackwell: B200, GB200).  Uses the machine's python (CUDA torch + triton already there):
-#   PY=python3 bash ci/sm100.sh [OUTDIR]
-# Runs the gpu/sm100 pytest lane with -n auto, the sweep, the benchmarks, the cuBLAS audit and
-# the topk tuning table, each under its own time cap, writing every log and report under OUTDIR
-# (default: out/).  Exit status: non-zero if any step failed or ran out of time.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-LANE=${LANE:-sm100}
-PY=${PY:-python3}
-OUT=${1:-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-200}
-status=0
-step() {  # step NAME SECONDS CMD...: run with a time cap, log to $OUT/NAME.log, remember failure
-    local name=$1 cap=$2; shift 2
-    local t0=$SECONDS
-    timeout --signal=INT --kill-after=20 "$cap" "$@" >"$OUT/$name.log" 2>&1
-    local rc=$?
-    echo "step $name: rc=$rc in $((SECONDS - t0))s (cap ${cap}s)" | tee -a "$OUT/steps.txt"
-    [ $rc -eq 0 ] || status=1
-}
-{ date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-} >"$OUT/env.txt" 2>&1
-step install 120 $PY -m pip install --no-deps --no-build-isolation -e .
-step pytest "${PYTEST_CAP:-240}" $PY -m pytest --lane "$LANE" -n "${WORKERS:-auto}" -q -p no:cacheprovider -rfEsx \
-    --junitxml="$OUT/pytest.xml"
-step sweep "${SWEEP_CAP:-150}" $PY -m batchinv.harness.cli sweep --lane "$LANE" --no-progress --report "$OUT/sweep.jsonl"
-step bench "${BENCH_CAP:-150}" $PY -m batchinv.harness.cli bench --lane "$LANE" --out "$OUT/bench"
-step audit "${AUDIT_CAP:-120}" $PY -m batchinv.harness.cli audit cublas --lane "$LANE" --out-dir "$OUT"
-step tune_topk "${TUNE_CAP:-60}" $PY ci/tune_topk.py
-cat "$OUT/steps.txt"
-exit $status
+# sm100 lane (Blackwell: B200, GB200): see ci/gpu_lane.sh.   PY=python3 bash ci/sm100.sh [OUTDIR]
+LANE=sm100 exec bash "$(dirname "$0")/gpu_lane.sh" "$@"
