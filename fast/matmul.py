@@ -11,14 +11,18 @@ fp32 sum, so keying them on the batch size would make the bits a function of the
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
-from batchinv.fast.device import arch, check_launch_device, interpreting, kernel_operand, sm_count
+from batchinv.fast.device import (
+    arch,
+    check_launch_device,
+    interpreter_quiet,
+    interpreting,
+    kernel_operand,
+    sm_count,
+)
 from batchinv.fast.matmul_config import MatmulConfig, select_config
 from batchinv.reference.errors import ArgumentError, check_tensor
 from batchinv.reference.matmul import MatmulArgs, validate, weight_kn
@@ -59,24 +63,6 @@ def plan(
     # Under the interpreter the kernel avoids numpy's matmul (row-position-dependent BLAS order,
     # raw-bit bf16) and the truncating bf16 cast; see the kernel's INTERPRETED flag.
     return LaunchPlan(cfg, tiles, max(1, min(planned, tiles)), interpreting())
-
-
-@contextmanager
-def interpreter_warnings_silenced() -> Iterator[None]:
-    """Around a launch under the Triton interpreter: silence NumPy's IEEE warnings (``inf * 0``
-    is NaN on a GPU without a word) and Triton 3.6's deprecated array-to-int conversion of a
-    runtime loop bound; under ``filterwarnings = error`` they would fail a correct launch.
-    A no-op when compiled."""
-    if not interpreting():
-        yield
-        return
-    import numpy as np
-
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message="Conversion of an array with ndim > 0", category=DeprecationWarning
-        )
-        yield
 
 
 def matmul(
@@ -239,7 +225,7 @@ def _launch(
     from batchinv.fast.kernels.matmul import persistent_matmul_kernel
 
     cfg = p.config
-    with interpreter_warnings_silenced():
+    with interpreter_quiet():
         persistent_matmul_kernel[(p.grid,)](
             x,
             b,

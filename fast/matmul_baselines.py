@@ -17,8 +17,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from batchinv.fast.device import check_launch_device, interpreting, kernel_operand
-from batchinv.fast.matmul import interpreter_warnings_silenced
+from batchinv.fast.device import check_launch_device, interpreter_quiet, interpreting, kernel_operand
 from batchinv.reference.errors import ArgumentError
 from batchinv.reference.matmul import validate, weight_kn
 
@@ -112,7 +111,7 @@ def split_k(
     k_per_split = _cdiv(_cdiv(k, splits), block_k) * block_k  # ceil(K / splits), up to BLOCK_K
     ws = torch.zeros((splits, m, n), device=x.device, dtype=torch.float32)  # [S, M, N]
     grid = (_cdiv(m, block_m) * _cdiv(n, block_n), splits)
-    with interpreter_warnings_silenced():
+    with interpreter_quiet():
         splitk_partial_kernel[grid](
             x,
             b,

@@ -12,7 +12,7 @@ One config therefore serves every batch size, and each entry is a compromise bet
 (small M, few tiles: wants small tiles) and prefill (large M: wants wide tiles that re-read
 operands less).  The sm90 entries come from one tuning round on an H200 (ci/tune_matmul.py,
 2026-11-29; numbers in docs/BENCHMARKS.md); the sm100 rows copy them, unmeasured;
-``docs/BENCHMARKS_matmul_floor.md`` gives the floor each bench point is measured against.
+``docs/BENCHMARKS.md`` gives the floor each bench point is measured against.
 """
 
 from __future__ import annotations

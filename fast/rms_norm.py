@@ -13,15 +13,13 @@ The kernel itself is :func:`batchinv.fast.kernels.rms_norm.rms_norm_rows_kernel`
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
 
 import torch
 import triton
 
-from batchinv.fast.device import arch, check_launch_device, interpreting, kernel_operand
+from batchinv.fast.device import arch, check_launch_device, interpreter_quiet, kernel_operand
 from batchinv.fast.kernels.rms_norm import rms_norm_rows_kernel
 from batchinv.reference.errors import check_same_device
 from batchinv.reference.rms_norm import check_rms_norm_args
@@ -155,7 +153,7 @@ def launch_rows(
     grid = (triton.cdiv(n_rows, config.block_m),)
     # The interpreter evaluates the kernel with numpy, which warns on IEEE results such as
     # inf * 0 = NaN; they are the documented behaviour here, not errors.
-    with _numpy_quiet() if interpreting() else contextlib.nullcontext():
+    with interpreter_quiet():
         rms_norm_rows_kernel[grid](
             x,
             residual if residual is not None else x,
@@ -177,12 +175,6 @@ def launch_rows(
             num_warps=config.num_warps,
         )
     return out, residual_out
-
-
-def _numpy_quiet() -> contextlib.AbstractContextManager[Any]:
-    import numpy
-
-    return numpy.errstate(all="ignore")
 
 
 def _check_devices(x: torch.Tensor, *others: tuple[str, torch.Tensor]) -> None:

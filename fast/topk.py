@@ -7,9 +7,10 @@ launches.  Outside the kernel's envelope it dispatches to the reference on the s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
 import torch
 
@@ -25,6 +26,7 @@ __all__ = [
     "NUM_COLS_BUCKETS",
     "TopkConfig",
     "in_envelope",
+    "launch_rows",
     "select_config",
     "topk",
 ]
@@ -130,19 +132,33 @@ def topk(scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
         it plus the first tied lanes by column (exclusive cumsum); no sort, fixed num_warps, no
         autotune.
     """
+    return launch_rows(topk_kernel, scores, row_starts, row_ends, k, fallback=reference_topk)
+
+
+def launch_rows(
+    kernel: Any,
+    scores: torch.Tensor,
+    row_starts: torch.Tensor,
+    row_ends: torch.Tensor,
+    k: Any,
+    *,
+    fallback: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor],
+) -> torch.Tensor:
+    """Validate, then launch a one-program-per-row top-k ``kernel`` (the pinned one or the
+    baseline's, which share a signature), or call ``fallback`` outside the envelope."""
     k = check_topk_arguments(scores, row_starts, row_ends, k)
     for name, tensor in (("scores", scores), ("row_starts", row_starts), ("row_ends", row_ends)):
         check_launch_device(name, tensor)
     num_rows, num_cols = scores.shape
     if not in_envelope(k, num_cols):
-        return reference_topk(scores, row_starts, row_ends, k)
+        return fallback(scores, row_starts, row_ends, k)
     out = torch.empty((num_rows, k), dtype=torch.int32, device=scores.device)
     if num_rows == 0:
         return out
     # The kernel reads raw memory: a negative-bit view (z.conj().imag) must be materialized.
     scores, row_starts, row_ends = (kernel_operand(t) for t in (scores, row_starts, row_ends))
     config = select_config(arch(scores.device), k, num_cols)
-    topk_kernel[(num_rows,)](
+    kernel[(num_rows,)](
         scores,
         row_starts,
         row_ends,

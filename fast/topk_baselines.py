@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from batchinv.fast.device import arch, check_launch_device, kernel_operand
 from batchinv.fast.kernels.topk import topk_masked_lanes_compete_kernel
-from batchinv.fast.topk import in_envelope, select_config
+from batchinv.fast.topk import launch_rows
 from batchinv.reference.topk import check_topk_arguments, clamped_window
 
 __all__ = ["masked_fused_topk", "masked_torch_topk"]
@@ -68,30 +67,6 @@ def masked_fused_topk(
     Raises:
         DTypeError, ArgumentError, DeviceError: as :func:`batchinv.fast.topk.topk`.
     """
-    k = check_topk_arguments(scores, row_starts, row_ends, k)
-    for name, tensor in (("scores", scores), ("row_starts", row_starts), ("row_ends", row_ends)):
-        check_launch_device(name, tensor)
-    num_rows, num_cols = scores.shape
-    if not in_envelope(k, num_cols):
-        return masked_torch_topk(scores, row_starts, row_ends, k)
-    out = torch.empty((num_rows, k), dtype=torch.int32, device=scores.device)
-    if num_rows == 0:
-        return out
-    scores, row_starts, row_ends = (kernel_operand(t) for t in (scores, row_starts, row_ends))
-    config = select_config(arch(scores.device), k, num_cols)
-    topk_masked_lanes_compete_kernel[(num_rows,)](
-        scores,
-        row_starts,
-        row_ends,
-        out,
-        num_cols,
-        scores.stride(0),
-        scores.stride(1),
-        row_starts.stride(0),
-        row_ends.stride(0),
-        out.stride(0),
-        K=k,
-        BLOCK_N=config.block_n,
-        num_warps=config.num_warps,
+    return launch_rows(
+        topk_masked_lanes_compete_kernel, scores, row_starts, row_ends, k, fallback=masked_torch_topk
     )
-    return out
