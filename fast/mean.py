@@ -28,8 +28,8 @@ class MeanConfig:
     Attributes:
         block_m: rows per program; rows of a tile never meet.
         block_n: columns per chunk (a power of two).  It sets the order of the additions: each
-            lane adds ``ceil(N / block_n)`` chunks, then the lanes are combined on a fixed-point
-            grid (integer adds: the same bits in any order).
+            lane adds ``ceil(N / block_n)`` chunks in fp64, then the lanes are combined on a
+            fixed-point grid (integer adds: the same bits in any order).
         num_warps: warps per program.
 
         Only ``block_n`` enters a row's arithmetic; all three are pinned anyway.
@@ -96,9 +96,16 @@ def mean_config(arch_name: str, dtype: torch.dtype, n_cols: int) -> MeanConfig:
     raise AssertionError("unreachable: the last bucket takes any length")
 
 
-def reduction_depth(config: MeanConfig, n_cols: int) -> tuple[int, int]:
-    """(chunks, combine) of the pinned sum in fp32 roundings (see ``fast.softmax.reduction_depth``)."""
-    return max(1, math.ceil(n_cols / config.block_n)), 2
+#: The fixed-point lane combine truncates each lane to the grid 2**(e - 45), e the exponent of
+#: the row's largest |lane|, over at most 2**16 lanes: it loses under 2**-29 of the largest lane.
+COMBINE_LOSS: Final = 2.0**-29
+
+
+def reduction_depth(config: MeanConfig, n_cols: int) -> int:
+    """Additions in sequence per lane (fp64 roundings at most) of the pinned sum: ``ceil(N /
+    block_n)``.  The lane combine adds :data:`COMBINE_LOSS` of the largest lane and one rounding
+    (int64 -> fp64).  For tolerances."""
+    return max(1, math.ceil(n_cols / config.block_n))
 
 
 def launch(
@@ -109,7 +116,8 @@ def launch(
     fixed_point: bool = True,
 ) -> torch.Tensor:
     """Launch the kernel on validated arguments.  ``config`` (instead of the table) and
-    ``fixed_point=False`` (a float ``tl.sum`` lane combine) are for the unpinned baseline only."""
+    ``fixed_point=False`` (the production-style fp32 path: fp32 lanes, a float ``tl.sum`` lane
+    combine, fp32 division) are for the unpinned baseline only."""
     x = kernel_operand(x)  # a negated view (x.conj().imag) is resolved, never read raw
     n_cols = x.shape[-1]
     x2 = x if x.dim() == 2 else x.reshape(-1, n_cols)  # (R, N); a view whenever the strides allow
@@ -142,7 +150,7 @@ def mean(
 ) -> torch.Tensor:
     """Batch-invariant mean over the last dim (Triton, one program per row tile).
 
-    ``y[r] = (1 / N) * sum_n x[r, n].to(dtype)``, accumulated in fp32.
+    ``y[r] = (1 / N) * sum_n x[r, n].to(dtype)``, accumulated and divided in fp64, rounded once.
 
     Parameters
     ----------
@@ -164,14 +172,22 @@ def mean(
 
     Notes
     -----
-    Each lane of a ``block_n``-column chunk adds its elements in fp32 in column order, then an
-    order-free fixed-point combine adds the lanes (exact up to 2**-29 of the largest lane, then
-    rounded to fp32); ``block_n`` comes from
-    :data:`MEAN_TABLE` keyed on (arch, dtype, N).  So a row's output bits are invariant along the batch axes: the number of rows, the
-    row's position and neighbours, its strides, and earlier calls.
+    Each element is rounded to ``dtype`` and widened to fp64 (exactly).  Each lane of a
+    ``block_n``-column chunk adds its elements in fp64 in column order, then an order-free
+    fixed-point combine adds the lanes (exact up to 2**-29 of the largest lane, then one
+    rounding to fp64); ``block_n`` comes from :data:`MEAN_TABLE` keyed on (arch, dtype, N).
+    The sum is divided by N in fp64 (correctly rounded on GPUs too: only fp32 ``/`` is
+    approximate there) and rounded once to ``dtype`` (bf16/fp16 through fp32 rounded to odd,
+    so no double rounding).  So a row's output bits are invariant along the batch axes: the
+    number of rows, the row's position and neighbours, its strides, and earlier calls.  A mean
+    of N equal values v is v exactly; the result is within a few fp64 ulps plus 2**-29 mean|x|
+    of the exact mean before its one rounding to ``dtype``.
     NaN in a row gives NaN; +inf and -inf together give NaN; one sign of inf gives that inf.
-    The sum starts from +0, so a row of -0 gives +0.  N = 0 gives NaN.  Partial sums beyond
-    fp32's range overflow to +-inf (as ``torch.mean`` on CUDA).  Subnormal inputs are ordinary
+    The sum starts from +0, so a row of -0 gives +0.  N = 0 gives NaN.  fp64 lanes cannot
+    overflow on fp32/bf16/fp16 values (|lane| < 2**128 * N), so a row whose mean is finite
+    gives a finite mean even when fp32 partial sums would overflow (unlike ``torch.mean`` on
+    CUDA); a mean beyond ``dtype``'s range -- only when the cast to ``dtype`` overflows, since
+    the mean lies between the row's extremes -- is +-inf.  Subnormal inputs are ordinary
     values unless the GPU flushes them (then they count as 0).
 
     Raises

@@ -4,9 +4,11 @@
   output along the row) and its split across blocks from the number of output rows, so the
   order of a row's additions changes with M.
 * ``triton_rows_heuristic``: the Triton kernel of ``fast/mean.py`` as a production kernel would
-  run it: a float ``tl.sum`` over the lanes and a chunk width chosen from the number of rows --
-  the choice the pinned launcher forbids.  Its order changes with M on every lane, the
-  interpreter included.
+  run it: fp32 lanes (as ``torch.mean`` accumulates), a float ``tl.sum`` over them, an fp32
+  division, and a chunk width chosen from the number of rows -- the choice the pinned launcher
+  forbids.  Its order changes with M on every lane, the interpreter included.  (It keeps fp32 on
+  purpose: it is the production default, and with fp64 lanes a changed order would rarely show
+  through the final rounding to fp32, so the negative control would prove less.)
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def rows_heuristic_config(device: torch.device, dtype: torch.dtype, num_rows: in
 def triton_rows_heuristic_mean(
     x: torch.Tensor, dim: int = -1, keepdim: bool = False, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """The mean kernel with a float lane sum and a chunk width chosen from the number of rows."""
+    """The mean kernel's fp32 path (fp32 lanes, a float lane sum, fp32 division) with a chunk
+    width chosen from the number of rows."""
     out_dtype = check_mean_args(x, dim, keepdim, dtype)
     check_launch_device("x", x)
     num_rows = x.numel() // max(x.shape[-1], 1)

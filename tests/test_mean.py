@@ -108,32 +108,32 @@ def test_the_rows_heuristic_baseline_does_key_on_rows():
 
 
 def emulate(x: torch.Tensor, block_n: int) -> torch.Tensor:
-    """The documented order in torch: lane j adds x[j], x[j + block_n], ... in fp32 in sequence
+    """The documented order in torch: lane j adds x[j], x[j + block_n], ... in fp64 in sequence
     (from +0); the lanes go onto a fixed-point grid 2**-(61 - 16 - e), e the exponent of the
-    largest |lane|, by truncation; the integers are summed; the total returns through fp64 to
-    fp32 and is divided by N in fp32.  (Finite inputs only.)"""
+    largest |lane|, by truncation; the integers are summed; the total returns to fp64 (one
+    rounding), is divided by N in fp64 and rounded to fp32.  (Finite fp32 inputs only.)"""
     rows, n = x.shape
-    lanes = torch.zeros(rows, block_n, dtype=F32)
+    lanes = torch.zeros(rows, block_n, dtype=torch.float64)
     for start in range(0, n, block_n):
-        chunk = torch.zeros(rows, block_n, dtype=F32)
-        part = x[:, start : start + block_n]
+        chunk = torch.zeros(rows, block_n, dtype=torch.float64)
+        part = x[:, start : start + block_n].double()  # exact
         chunk[:, : part.shape[1]] = part
         lanes = lanes + chunk
     out = []
     for lane in lanes:
         largest = float(lane.abs().max())
-        exponent = max(math.frexp(largest)[1] - 1, -126) if largest else -126  # largest < 2**(e + 1)
-        scale = 2.0 ** (61 - 16 - exponent)
-        total = sum(int(float(v) * scale) for v in lane.double())  # exact Python ints, truncation
-        out.append(float(total) / scale)  # int -> fp64 (one rounding), exact division
-    return torch.tensor(out, dtype=torch.float64).to(F32) / torch.tensor(float(n), dtype=F32)
+        exponent = max(math.frexp(largest)[1] - 1, -1022) if largest else -1022  # largest < 2**(e + 1)
+        scale = 2.0 ** min(61 - 16 - exponent, 1023)
+        total = sum(int(float(v) * scale) for v in lane)  # exact Python ints, truncation
+        out.append(float(total) / scale / n)  # int -> fp64 (one rounding), exact, correctly rounded
+    return torch.tensor(out, dtype=torch.float64).to(F32)
 
 
 @pytest.mark.cpu
 @pytest.mark.parametrize("n_cols", [1, 100, 128, 129, 333, 1024, 1025, 1537])
 def test_interpreter_bits_equal_the_documented_order(n_cols):
-    """On the interpreter (IEEE fp32, correctly rounded division) the kernel's bits are exactly
-    those of the documented order; a GPU's division is the approximate div.full.f32."""
+    """On the interpreter the kernel's bits are exactly those of the documented order (fp64
+    arithmetic only, correctly rounded on a GPU too)."""
     gen = torch.Generator().manual_seed(n_cols)
     x = torch.randn(5, n_cols, generator=gen) * 1e3 + torch.randn(5, 1, generator=gen) * 1e6  # cancellation
     expected = emulate(x, mean_config("interp", F32, n_cols).block_n)
@@ -217,7 +217,11 @@ def test_subnormals_are_summed_exactly_on_the_interpreter():
 @any_lane
 def test_overflow_and_empty_rows():
     big = bp.pattern(F32, "+max_normal").tensor().item()
-    assert fast_mean(t([[big, big]])).item() == INF  # the fp32 partial sum overflows (documented)
+    # an fp32 sum would overflow; the fp64 lanes do not, and the mean is max_normal exactly
+    assert fast_mean(t([[big, big]])).item() == big
+    assert fast_mean(t([[big, big, -big]] * 2)).tolist() == [big / 3] * 2  # exact: 0xffffff = 3 * 0x555555
+    # a mean beyond the output dtype's range is +-inf: here the elements' cast to fp16 overflows
+    assert fast_mean(t([[7e4, 7e4], [-7e4, 1.0]]), dtype=F16).tolist() == [INF, -INF]
     # the lane combine is exact on the grid of the largest lane: 2**60 survives beside 2**100
     assert fast_mean(t([[2.0**100, -(2.0**100), 2.0**60, 2.0**60]])).item() == 2.0**59
     empty = torch.zeros(3, 0, device=DEVICE)
@@ -291,3 +295,77 @@ def test_property_rows_do_not_see_the_batch():
         assert compare_bitwise(full[perm], fast_mean(x[perm], -1, shared["keepdim"], shared["dtype"])).equal
 
     check()
+
+
+# --- fp64 accumulation: regressions from the H200 run ------------------------------------------
+
+
+def _huge_rows(device: torch.device) -> torch.Tensor:
+    """(40, 1000) fp32: N(0, 9) rows, and in rows 3, 17 and 38 five +-max_normal entries one
+    block apart (the same lane at every chunk width <= 128) whose sum, +max_normal, any fp32
+    lane sum overflows although the mean, about 3.4e35, is finite."""
+    big = bp.pattern(F32, "+max_normal").tensor().item()
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(40, 1000, generator=gen) * 3
+    for row in (3, 17, 38):
+        x[row, [5, 133, 261, 389, 517]] = torch.tensor([big, big, big, -big, -big])
+    return x.to(device)
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+def test_lane_sums_beyond_fp32_range_keep_a_finite_mean(device):
+    """The H200 sweep's ``1024x151936 float32 mixed`` rows became -inf: fp32 lanes overflowed
+    on a few +-max_normal entries.  With fp64 lanes the mean is finite, within the bound and
+    invariant with the row count and the row's slot."""
+    x = _huge_rows(device)
+    out = fast_mean(x)
+    assert torch.isfinite(out).all(), out[~torch.isfinite(out)]
+    batch = Batch({"x": x}, {"dim": -1, "keepdim": False, "dtype": None})
+    ref = reference_mean(x)
+    assert compare_tolerance(ref, out, component.mean_bound(batch, (ref,))[0]).within
+    for row in (3, 17, 38):
+        assert out[row].item() == pytest.approx(ref[row].item(), rel=2.0**-23)
+        for m in (row + 1, 33, 40):
+            assert compare_bitwise(out[:m], fast_mean(x[:m])).equal, m
+        alone = fast_mean(x[row : row + 1])
+        among = fast_mean(torch.cat([x[:7], x[row : row + 1], x[:2]]))[7:8]
+        assert compare_bitwise(out[row : row + 1], alone).equal
+        assert compare_bitwise(out[row : row + 1], among).equal
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_cols", [1, 3, 33, 1000, 1537])
+@pytest.mark.parametrize("out_dtype", [F32, BF16, F16])
+def test_a_mean_of_equal_values_is_exact(device, n_cols, out_dtype):
+    """n copies of v give exactly v: the fp64 lane sums and their fixed-point combine are exact,
+    n * v is exact in fp64, and fp64 division is correctly rounded on every lane (fp32 ``/`` on
+    a GPU is the approximate ``div.full.f32``, which missed 33 / 33 on the H200)."""
+    big = bp.pattern(out_dtype, "+max_normal").tensor().item()
+    values = [1.0, -7.0, 0.1, 1.0 / 3.0, 3e-5, big]
+    x = torch.tensor(values).to(out_dtype).float()[:, None].expand(len(values), n_cols).to(device)
+    expected = x[:, 0].to(out_dtype)
+    assert bits(fast_mean(x, dtype=out_dtype)) == bits(expected)
+    ones = torch.ones(4, 33, dtype=BF16, device=device)
+    assert bits(fast_mean(ones, -1, False, out_dtype)) == bits(torch.ones(4, dtype=out_dtype))
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("out_dtype", "elements", "tie", "expected"),
+    [
+        # mean 1 + 2**-8 + 2**-30: fp32 would round it to 1 + 2**-8, a bf16 tie, then to 1.0
+        (BF16, [2.0, 1.015625, 1.0, 2.0**-28], 1.00390625, 1.0078125),
+        # mean 1024.5 + 2**-16: fp32 would round it to 1024.5, an fp16 tie, then to 1024
+        (F16, [2048.0, 1025.0, 1025.0, 2.0**-14], 1024.5, 1025.0),
+    ],
+)
+def test_the_output_is_rounded_once_from_fp64(device, out_dtype, elements, tie, expected):
+    """A 16-bit output is rounded once from the fp64 mean (through fp32 rounded to odd), not
+    twice (fp64 -> fp32 -> 16 bit), which would land on a tie and round it to even."""
+    x = torch.tensor([elements], device=device)
+    exact = reference_mean(x, dtype=out_dtype)  # fp64, exact here (N = 4)
+    assert exact.item() > tie and exact.to(F32).item() == tie
+    assert fast_mean(x, dtype=out_dtype).item() == expected

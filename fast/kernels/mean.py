@@ -1,12 +1,16 @@
 """Triton kernel for the mean over the last dim (only ``@triton.jit`` code).
 
 A program owns a tile of ``BLOCK_M`` rows and walks them in fixed chunks of ``BLOCK_N``
-columns; each lane (row, column slot) keeps an fp32 running sum, and a row's ``BLOCK_N``
-lanes are combined by :func:`fixed_point_lane_sum` (integer adds on a fixed-point grid: the same
-bits in any order, so Triton's register layout does not enter).  The order of a row's additions depends on ``BLOCK_N`` and the row
-length alone; rows never meet, so the bits of a row do not
-depend on the number of rows, its slot or its neighbours.  The launcher (``fast/mean.py``)
-takes the tile from a table keyed on (arch, dtype, row length).
+columns; each lane (row, column slot) keeps an fp64 running sum of the row's elements (each
+first rounded to the output dtype, then widened exactly), and a row's ``BLOCK_N`` lanes are
+combined by :func:`fixed_point_lane_sum_f64` (integer adds on a fixed-point grid: the same bits
+in any order, so Triton's register layout does not enter).  The sum is divided by the row
+length in fp64 (correctly rounded on GPUs and in the interpreter alike, unlike fp32 ``/``,
+which a GPU computes with the approximate ``div.full.f32``) and rounded once to the output
+dtype.  The order of a row's additions depends on ``BLOCK_N`` and the row length alone; rows
+never meet, so the bits of a row do not depend on the number of rows, its slot or its
+neighbours.  The launcher (``fast/mean.py``) takes the tile from a table keyed on (arch, dtype,
+row length).
 """
 
 from __future__ import annotations
@@ -14,7 +18,33 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from batchinv.fast.kernels.softmax import fixed_point_lane_sum, round_to
+from batchinv.fast.kernels.softmax import fixed_point_lane_sum_f64, round_to
+
+
+@triton.jit
+def round_from_f64(x, dtype: tl.constexpr):
+    """``x`` (fp64) rounded once to ``dtype`` (fp32, bf16 or fp16), to nearest, ties to even.
+
+    fp32: the direct conversion.  bf16 and fp16: ``x`` is first rounded to fp32 *to odd*
+    (truncate, then set the last bit when inexact) and then to ``dtype`` to nearest; fp32 has at
+    least two more bits than either at every magnitude (subnormals included), so this equals a
+    direct rounding of ``x`` (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums:
+    proved algorithms using rounding to odd", IEEE TC 2008).  Rounding fp64 -> fp32 -> 16 bit
+    to nearest twice would not: a value just above a 16-bit tie becomes the tie, then goes to
+    even.  Beyond fp32's range, rounding to odd gives +-max_normal, which rounds to +-inf.
+    A NaN stays a NaN.
+    """
+    if dtype == tl.float32:
+        return x.to(tl.float32)
+    else:
+        near = x.to(tl.float32)  # to nearest: one of the two fp32 neighbours of x
+        bits = near.to(tl.int32, bitcast=True)
+        back = near.to(tl.float64)
+        # inexact and even: the odd neighbour is one step (in magnitude) towards x
+        step = tl.where(tl.abs(back) > tl.abs(x), -1, 1)
+        fix = (back != x) & (x == x) & ((bits & 1) == 0)
+        odd = tl.where(fix, bits + step, bits).to(tl.float32, bitcast=True)
+        return round_to(odd, dtype)
 
 
 # num_rows is never specialized: Triton would otherwise compile a variant for num_rows == 1 and
@@ -31,11 +61,16 @@ def mean_kernel(
     BLOCK_N: tl.constexpr,
     FIXED_POINT: tl.constexpr = True,
 ):
-    """y[r] = sum_n x[r, n].to(y.dtype).to(fp32) / n_cols, stored in y's dtype.
+    """y[r] = sum_n x[r, n].to(y.dtype).to(fp64) / n_cols, rounded once to y's dtype.
 
     Each element is first rounded to the output dtype (``torch.mean(..., dtype=)`` casts its
-    input before reducing), then accumulated in fp32 from +0.  ``FIXED_POINT=False`` replaces
-    the order-free lane combine by a float ``tl.sum``: only the unpinned baseline uses it.
+    input before reducing), then accumulated in fp64 from +0 (exact widening; a lane of fp32
+    values cannot overflow fp64), the lanes combined order-free, divided in fp64 and rounded
+    once by :func:`round_from_f64`.
+
+    ``FIXED_POINT=False`` is the unpinned production-style path, for the baseline only: fp32
+    lanes (as ``torch.mean`` accumulates), a float ``tl.sum`` over them whose order follows the
+    register layout, an fp32 division, and rounding fp32 -> output dtype.
     """
     # int64 row offsets: row * stride passes 2**31 for long rows times many rows.
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
@@ -44,17 +79,22 @@ def mean_kernel(
     x_ptrs = x_ptr + rows[:, None] * stride_x_row + cols.to(tl.int64) * stride_x_col
     # Advance pointers by an int64 step: start * stride_x_col can pass 2**31 for a column-strided view.
     col_step = tl.full([1, BLOCK_N], BLOCK_N, tl.int64) * stride_x_col
-    acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+    if FIXED_POINT:
+        acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float64)
+    else:
+        acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     p = x_ptrs
     for start in range(0, n_cols, BLOCK_N):
         mask = row_ok & (cols < n_cols - start)
         x = tl.load(p, mask=mask, other=0.0)
         p += col_step
         # Through fp32 first: bf16 -> fp32 is exact, so the one rounding to the output dtype is
-        # the direct conversion's (and Triton's interpreter has no direct bf16 -> fp16 path).
-        acc += round_to(x.to(tl.float32), y_ptr.dtype.element_ty).to(tl.float32)
+        # the direct conversion's (and Triton's interpreter has no direct bf16 -> fp16 path);
+        # the widening to the accumulator's dtype is exact.
+        acc += round_to(x.to(tl.float32), y_ptr.dtype.element_ty).to(tl.float32).to(acc.dtype)
     if FIXED_POINT:
-        total = fixed_point_lane_sum(acc)
+        # n_cols (int32) -> fp64 is exact; fp64 division is correctly rounded on every lane.
+        out = round_from_f64(fixed_point_lane_sum_f64(acc) / n_cols, y_ptr.dtype.element_ty)
     else:
-        total = tl.sum(acc, axis=1)
-    tl.store(y_ptr + rows, round_to(total / n_cols, y_ptr.dtype.element_ty), mask=rows < num_rows)
+        out = round_to(tl.sum(acc, axis=1) / n_cols, y_ptr.dtype.element_ty)
+    tl.store(y_ptr + rows, out, mask=rows < num_rows)

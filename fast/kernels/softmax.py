@@ -41,6 +41,42 @@ def _quiet_nan():
 
 
 @triton.jit
+def _split_nonfinite(v):
+    """(is_nan, pos_inf, neg_inf, finite) of ``v``: ``finite`` has 0 where ``v`` is not finite."""
+    is_nan = v != v
+    pos_inf = v == POS_INF
+    neg_inf = v == NEG_INF
+    finite = tl.where(is_nan | pos_inf | neg_inf, 0.0, v)
+    return is_nan, pos_inf, neg_inf, finite
+
+
+@triton.jit
+def _grid_sum(finite, exponent):
+    """Sum each row of ``finite`` (fp32 or fp64, [BLOCK_M, BLOCK_N]) on the fixed-point grid
+    ``2**-shift``, ``shift = 61 - MAX_LOG2_LANES - exponent`` (at most 1023), where every
+    |lane| < ``2**(exponent + 1)``: each lane is scaled exactly in fp64, truncated to int64
+    (it is < 2**46 there) and the ints added -- associative, so any order gives the same total,
+    < 2**62.  Returns the total in fp64 ([BLOCK_M], one rounding: int64 -> fp64)."""
+    # clamp: 2**shift must be an fp64 normal; a row whose largest |lane| < 2**-978 (zeros
+    # included) is then summed on the grid 2**-1023, losing under 2**-1023 per lane.
+    shift = tl.minimum(61 - MAX_LOG2_LANES - exponent, 1023)
+    scale = ((shift + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)  # 2**shift, exact
+    fixed = (finite.to(tl.float64) * scale[:, None]).to(tl.int64)  # exact scaling, truncation
+    return tl.sum(fixed, axis=1).to(tl.float64) / scale
+
+
+@triton.jit
+def _merge_nonfinite(total, is_nan, pos_inf, neg_inf):
+    """``total`` where the row's lanes are finite; NaN for a NaN or +inf with -inf; else the inf."""
+    any_nan = tl.max(is_nan.to(tl.int32), axis=1) > 0
+    any_pos = tl.max(pos_inf.to(tl.int32), axis=1) > 0
+    any_neg = tl.max(neg_inf.to(tl.int32), axis=1) > 0
+    total = tl.where(any_pos, POS_INF, total)
+    total = tl.where(any_neg, NEG_INF, total)
+    return tl.where(any_nan | (any_pos & any_neg), _quiet_nan().to(total.dtype), total)
+
+
+@triton.jit
 def fixed_point_lane_sum(v):
     """Sum each row of ``v`` ([BLOCK_M, BLOCK_N] fp32) with a result independent of the order.
 
@@ -57,24 +93,37 @@ def fixed_point_lane_sum(v):
     Non-finite lanes: a NaN, or +inf together with -inf, gives NaN; otherwise an inf gives
     itself.  A row of zeros gives +0.  Returns [BLOCK_M] fp32.
     """
-    is_nan = v != v
-    pos_inf = v == POS_INF
-    neg_inf = v == NEG_INF
-    finite = tl.where(is_nan | pos_inf | neg_inf, 0.0, v)
+    is_nan, pos_inf, neg_inf, finite = _split_nonfinite(v)
     largest = tl.max(tl.abs(finite), axis=1)  # exact in any order
     biased = (largest.to(tl.int32, bitcast=True) >> 23) & 0xFF  # 0 for a subnormal or zero
     exponent = tl.maximum(biased, 1) - 127  # largest < 2**(exponent + 1)
     # sum of BLOCK_N lanes < 2**(MAX_LOG2_LANES + exponent + 1); scaled by 2**shift: < 2**62
-    shift = 61 - MAX_LOG2_LANES - exponent
-    scale = ((shift + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)  # 2**shift, exact
-    fixed = (finite.to(tl.float64) * scale[:, None]).to(tl.int64)  # exact scaling, truncation
-    total = (tl.sum(fixed, axis=1).to(tl.float64) / scale).to(tl.float32)
-    any_nan = tl.max(is_nan.to(tl.int32), axis=1) > 0
-    any_pos = tl.max(pos_inf.to(tl.int32), axis=1) > 0
-    any_neg = tl.max(neg_inf.to(tl.int32), axis=1) > 0
-    total = tl.where(any_pos, POS_INF, total)
-    total = tl.where(any_neg, NEG_INF, total)
-    return tl.where(any_nan | (any_pos & any_neg), _quiet_nan(), total)
+    total = _grid_sum(finite, exponent).to(tl.float32)
+    return _merge_nonfinite(total, is_nan, pos_inf, neg_inf)
+
+
+@triton.jit
+def fixed_point_lane_sum_f64(v):
+    """Sum each row of ``v`` ([BLOCK_M, BLOCK_N] fp64) with a result independent of the order.
+
+    The fp64 twin of :func:`fixed_point_lane_sum` (same grid rule, same non-finite classes):
+    the exponent ``e`` of the row's largest |lane| comes from the fp64 bits, the lanes are
+    truncated to the grid ``2**(e - 45)`` and summed as int64, so each lane loses less than
+    ``2**(e - 45)``: in all, under ``2**-29`` of the largest lane.  The grid's scale
+    ``2**(45 - e)`` is an fp64 normal for every ``e`` in [-978, 1023] -- all lanes of a sum of
+    fp32 values (nonzero |lane| >= 2**-149, |lane| < 2**(128 + log2 N)); below that the grid
+    is clamped to ``2**-1023`` (an absolute loss under ``2**-1023`` per lane).  The int64 total
+    (< 2**62) returns to fp64 with one rounding.
+
+    Non-finite lanes: a NaN, or +inf together with -inf, gives NaN; otherwise an inf gives
+    itself.  A row of zeros gives +0.  Returns [BLOCK_M] fp64.
+    """
+    is_nan, pos_inf, neg_inf, finite = _split_nonfinite(v)
+    largest = tl.max(tl.abs(finite), axis=1)  # exact in any order
+    biased = (largest.to(tl.int64, bitcast=True) >> 52) & 0x7FF  # 0 for a subnormal or zero
+    exponent = (tl.maximum(biased, 1) - 1023).to(tl.int32)  # largest < 2**(exponent + 1)
+    total = _grid_sum(finite, exponent)
+    return _merge_nonfinite(total, is_nan, pos_inf, neg_inf)
 
 
 @triton.jit

@@ -9,8 +9,9 @@ signed zeros, subnormals and min normals everywhere, and whole-row kinds cycled 
 zeros).  The layout (contiguous, padded rows, a column stride) is applied last, with NaNs in
 every element the kernel must not read.
 
-The tolerance is derived per row from the fp64 sum of |x|, fp32's unit roundoff and the pinned
-reduction's depth (see :func:`mean_bound`).
+The tolerance is derived per row from the fp64 sum of |x|, fp64's unit roundoff, the pinned
+reduction's depth, the fixed-point combine's truncation and the output dtype's unit roundoff
+(see :func:`mean_bound`).
 """
 
 from __future__ import annotations
@@ -22,14 +23,12 @@ from typing import Any
 import torch
 
 from batchinv.fast.device import arch
+from batchinv.fast.mean import COMBINE_LOSS, mean_config, reduction_depth
 from batchinv.fast.mean import mean as fast_mean
-from batchinv.fast.mean import mean_config, reduction_depth
 from batchinv.fast.mean_baselines import torch_native_mean, triton_rows_heuristic_mean
 from batchinv.harness.components.softmax import (
     FTZ_FLOOR,
-    K_DIV,
     LAYOUTS,
-    U32,
     VALUE_KINDS,
     add_specials,
     apply_layout,
@@ -165,15 +164,33 @@ def bench_cases(lane: Lane) -> list[Case]:
     ]
 
 
+#: fp64's unit roundoff.
+U64 = 2.0**-53
+
+
+def gamma(k: int) -> float:
+    """Higham's gamma_k = k u / (1 - k u) for fp64: the relative bound of k roundings in sequence."""
+    return k * U64 / (1.0 - k * U64)
+
+
 def mean_bound(batch: Batch, ref_out: Outputs) -> Outputs:
     """Per-row bound on |fast - fp64 reference|.
 
-    The fp32 sum has depth chunks + 2 (each lane's chunks, then the fixed-point combine: the
-    pinned order, from the config table), so
-    its error is at most depth * u * sum|x|; the division adds K_DIV u |y| and rounding to the
-    output dtype its unit roundoff (the elements' cast to ``dtype`` is the reference's own, bit
-    for bit: both round to nearest even).  Absolute floor: flushed subnormals
-    (2**-126) plus half the output dtype's smallest subnormal.
+    With e_n the elements rounded to the output dtype (exact in fp64; the reference casts the
+    same way, bit for bit), A = mean|e|, y = mean(e) exact and c = ceil(N / block_n) from the
+    config table (the pinned order):
+
+    * lanes: each adds its <= c elements in sequence in fp64 from +0: in all, at most gamma_c * N A;
+    * combine: truncation under COMBINE_LOSS (2**-29) of the largest lane <= (1 + gamma_c) N A;
+    * the int64 -> fp64 total and the fp64 division: two roundings, under 3u64 (|y| + err);
+    * so the fp64 quotient q has |q - y| <= d := (gamma_c + 2**-29 (1 + gamma_c)) A (1 + 3u64)
+      + 3u64 |y|;
+    * one rounding of q to the output dtype (bf16/fp16 via fp32 rounded to odd: a single
+      rounding): u_out |q| <= u_out (|y| + d), or half the smallest subnormal below the normal
+      range;
+    * the fp64 reference is itself an fp64 sum (torch's order) and division: gamma_N A + u64 |y|;
+    * a GPU may flush subnormal elements (the mean moves under 2**-126) and a subnormal fp32
+      result (under 2**-126): 2 * FTZ_FLOOR.
     """
     x = batch.rows["x"]
     ref = ref_out[0]
@@ -185,24 +202,24 @@ def mean_bound(batch: Batch, ref_out: Outputs) -> Outputs:
     if not batch.shared.get("keepdim"):
         mean_abs = mean_abs.squeeze(-1)
     mean_abs = torch.where(torch.isfinite(mean_abs), mean_abs, torch.zeros_like(mean_abs))
-    chunks, combine = reduction_depth(mean_config(arch(x.device), x.dtype, n), n)
+    chunks = reduction_depth(mean_config(arch(x.device), x.dtype, n), n)
     y = torch.where(torch.isfinite(ref), ref.abs(), torch.zeros_like(ref))
-    rel_out = K_DIV * U32 + conversion_error(out_dtype, x.device)
-    bound = (
-        (chunks + combine) * U32 * mean_abs * (1.0 + rel_out)
-        + rel_out * y
-        + FTZ_FLOOR
-        + half_min_subnormal(out_dtype)
-    )
-    return (bound,)
+    g = gamma(chunks)
+    fast_q = (g + COMBINE_LOSS * (1.0 + g)) * mean_abs * (1.0 + 3 * U64) + 3 * U64 * y
+    u_out = conversion_error(out_dtype, x.device)
+    fast_err = fast_q * (1.0 + u_out) + u_out * y + half_min_subnormal(out_dtype)
+    ref_err = gamma(max(n, 1)) * mean_abs + U64 * y
+    return (fast_err + ref_err + 2 * FTZ_FLOOR,)
 
 
 JUSTIFICATION = (
-    "mean accumulates in fp32 in the pinned order (lanes over chunks, then an order-free fixed-point combine), so it cannot "
-    "equal the fp64 reference bitwise.  The bound is derived per row from the fp64 run: depth * u * "
-    "mean|x| with depth = chunks + 2 from the config table, plus the division "
-    f"({K_DIV:g}u) and the output rounding relative to |y|, plus an absolute floor of 2**-126 for "
-    "flushed subnormals."
+    "mean accumulates in fp64 in the pinned order (lanes over chunks, then an order-free fixed-point "
+    "combine that truncates under 2**-29 of the largest lane), divides in fp64 and rounds once to the "
+    "output dtype, so it can differ from the fp64 reference by that one rounding and the sum's error. "
+    "The bound is derived per row from the fp64 run: (gamma_c + 2**-29) * mean|x| with c = chunks per "
+    "lane from the config table, plus a few fp64 ulps of |y| (total, division, the reference's own fp64 "
+    "sum gamma_N * mean|x|), plus the output dtype's unit roundoff of |y|, plus floors: half its smallest "
+    "subnormal and 2 * 2**-126 for flushed subnormals."
 )
 
 
@@ -276,7 +293,7 @@ def strategy(lane: Lane, device: torch.device) -> Any:
 
 COMPONENT = Component(
     name=NAME,
-    summary="mean over the last dim of a 2-D/3-D input (fp32 accumulation), keepdim and dtype",
+    summary="mean over the last dim of a 2-D/3-D input (fp64 accumulation), keepdim and dtype",
     reference=reference_mean,
     fast=fast_mean,
     baselines=(
@@ -290,8 +307,8 @@ COMPONENT = Component(
         Baseline(
             "triton_rows_heuristic",
             triton_rows_heuristic_mean,
-            "the Triton kernel as production runs it: a float tl.sum over the lanes and the column "
-            "chunk sized from the number of rows (the whole row "
+            "the Triton kernel as production runs it: fp32 lanes, a float tl.sum over them and the "
+            "column chunk sized from the number of rows (the whole row "
             "when rows < SMs, the table's chunk otherwise): the order of the additions changes with M",
             expected_to_vary_on=ALL_LANES,
         ),
