@@ -10,8 +10,9 @@ program computes a tile, never how.
 
 One config therefore serves every batch size, and each entry is a compromise between decode
 (small M, few tiles: wants small tiles) and prefill (large M: wants wide tiles that re-read
-operands less).  The sm90 entries come from one tuning round on an H200 (ci/tune_matmul.py,
-2026-11-29; numbers in docs/BENCHMARKS.md); the sm100 rows copy them, unmeasured;
+operands less).  The sm90 entries are the ones the H200 sweep verified (2026-11-29); one tuning
+round (ci/tune_matmul.py, numbers in docs/BENCHMARKS.md) found faster ones, named in each row,
+which ship once a GPU sweep verifies them.  The sm100 rows copy sm90, unmeasured;
 ``docs/BENCHMARKS.md`` gives the floor each bench point is measured against.
 """
 
@@ -81,29 +82,31 @@ TABLE: tuple[ConfigRule, ...] = (
         HALF,
         512,
         None,
-        MatmulConfig(16, 32, 256, group_m=8, num_warps=4, num_stages=3),
-        "small N (router 4096->256, N=257): 32-wide column tiles give 8-9 programs at M=1 and deep "
-        "K tiles amortize the loop; on the H200 (2026-11-29, ci/tune_matmul.py) bf16->fp32 "
-        "256x4096 ran 0.33-0.87x cuBLAS at every M (64x64x128: up to 1.35x)",
+        MatmulConfig(64, 64, 128, group_m=8, num_warps=4, num_stages=4),
+        "small N (router 4096->256, N=257): 64-wide tiles, one warpgroup wgmma, deep K tiles; "
+        "verified by the H200 sweep.  Tuning (ci/tune_matmul.py, 2026-11-29) found 16x32x256 w4 s3 "
+        "faster (bf16->fp32 256x4096: 0.33-0.87x cuBLAS at every M, this row up to 1.35x): switch "
+        "once a GPU sweep verifies it",
     ),
     ConfigRule(
         "sm90",
         HALF,
         None,
         None,
-        MatmulConfig(64, 256, 64, group_m=8, num_warps=8, num_stages=3),
-        "large N: 64x256 tiles, two warpgroups, 3 stages; the best worst-case ratio to cuBLAS "
-        "over M in {1, 32, 512, 4096} on the H200 (2026-11-29): 3.3x at decode (128x128: 6.3x), "
-        "1.5-1.7x at prefill (128x128: 1.4-1.7x); see docs/BENCHMARKS.md",
+        MatmulConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3),
+        "large N: 128x128 tiles, two warpgroups, 3 stages; verified by the H200 sweep.  Tuning "
+        "(2026-11-29) found 64x256x64 w8 s3 better in the worst case over M (decode 3.3x cuBLAS "
+        "instead of 6.3x, prefill about equal): switch once a GPU sweep verifies it",
     ),
     ConfigRule(
         "sm90",
         FP32,
         512,
         None,
-        MatmulConfig(16, 16, 128, group_m=8, num_warps=4, num_stages=3),
-        "fp32 IEEE router: FMA-bound, so many small tiles (16 at M=1 for N=256); on the H200 "
-        "80 us at M <= 32 (16x32x64: 149 us), still ~23x cuBLAS: see docs/BENCHMARKS.md",
+        MatmulConfig(16, 32, 64, group_m=8, num_warps=4, num_stages=3),
+        "fp32 IEEE router: FMA-bound, so many small tiles (8 at M=1 for N=256); verified by the "
+        "H200 sweep.  Tuning (2026-11-29) found 16x16x128 faster at decode (80 us, this row "
+        "149 us; cuBLAS 3.5 us): switch once a GPU sweep verifies it",
     ),
     ConfigRule(
         "sm90",
@@ -119,7 +122,7 @@ TABLE: tuple[ConfigRule, ...] = (
         HALF,
         512,
         None,
-        MatmulConfig(16, 32, 256, group_m=8, num_warps=4, num_stages=3),
+        MatmulConfig(64, 64, 128, group_m=8, num_warps=4, num_stages=4),
         "as sm90 (unmeasured on sm100)",
     ),
     ConfigRule(
@@ -127,7 +130,7 @@ TABLE: tuple[ConfigRule, ...] = (
         HALF,
         None,
         None,
-        MatmulConfig(64, 256, 64, group_m=8, num_warps=8, num_stages=3),
+        MatmulConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3),
         "as sm90 (unmeasured on sm100)",
     ),
     ConfigRule(
@@ -135,7 +138,7 @@ TABLE: tuple[ConfigRule, ...] = (
         FP32,
         512,
         None,
-        MatmulConfig(16, 16, 128, group_m=8, num_warps=4, num_stages=3),
+        MatmulConfig(16, 32, 64, group_m=8, num_warps=4, num_stages=3),
         "as sm90 (unmeasured on sm100)",
     ),
     ConfigRule(
