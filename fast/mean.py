@@ -8,7 +8,6 @@ of ``block_m`` rows.  No host synchronisation, so a call can be captured in a CU
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
@@ -17,62 +16,28 @@ import triton
 
 from batchinv.fast.device import arch, check_launch_device, interpreter_quiet, kernel_operand
 from batchinv.fast.kernels.mean import mean_kernel
-from batchinv.fast.softmax import ANY_LENGTH, arch_family
+from batchinv.fast.row_config import ANY_LENGTH, Bucket, RowConfig, lookup
 from batchinv.reference.mean import check_mean_args
-
-
-@dataclass(frozen=True)
-class MeanConfig:
-    """A kernel configuration (a tile).
-
-    Attributes:
-        block_m: rows per program; rows of a tile never meet.
-        block_n: columns per chunk (a power of two).  It sets the order of the additions: each
-            lane adds ``ceil(N / block_n)`` chunks in fp64, then the lanes are combined on a
-            fixed-point grid (integer adds: the same bits in any order).
-        num_warps: warps per program.
-
-        Only ``block_n`` enters a row's arithmetic; all three are pinned anyway.
-    """
-
-    block_m: int
-    block_n: int
-    num_warps: int
-
-    def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "num_warps"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"{name}: expected a power of two, got {value}")
-
-
-@dataclass(frozen=True)
-class MeanBucket:
-    """Rows of length ``<= max_cols`` (and above the previous bucket's) use ``config``."""
-
-    max_cols: int
-    config: MeanConfig
-
 
 # The configuration table.  It is keyed ONLY on (arch, input dtype, row length): the tile sets
 # the order of the additions, so a key on the number of rows would make a row's bits depend on
 # its batch.  Never add the row count (or anything derived from it) to this key; a CPU test
 # checks that the launcher's plan is the same at every M.
 _GPU_16BIT: Final = (
-    MeanBucket(256, MeanConfig(8, 256, 4)),
-    MeanBucket(2048, MeanConfig(2, 2048, 8)),
-    MeanBucket(ANY_LENGTH, MeanConfig(1, 8192, 16)),
+    Bucket(256, RowConfig(8, 256, 4)),
+    Bucket(2048, RowConfig(2, 2048, 8)),
+    Bucket(ANY_LENGTH, RowConfig(1, 8192, 16)),
 )
 _INTERP: Final = (
-    MeanBucket(1024, MeanConfig(64, 128, 1)),
-    MeanBucket(ANY_LENGTH, MeanConfig(1, 512, 1)),
+    Bucket(1024, RowConfig(64, 128, 1)),
+    Bucket(ANY_LENGTH, RowConfig(1, 512, 1)),
 )
 MEAN_TABLE: Final = MappingProxyType(
     {
         ("gpu", torch.float32): (
-            MeanBucket(256, MeanConfig(8, 256, 4)),
-            MeanBucket(2048, MeanConfig(2, 2048, 8)),
-            MeanBucket(ANY_LENGTH, MeanConfig(1, 4096, 16)),
+            Bucket(256, RowConfig(8, 256, 4)),
+            Bucket(2048, RowConfig(2, 2048, 8)),
+            Bucket(ANY_LENGTH, RowConfig(1, 4096, 16)),
         ),
         ("gpu", torch.bfloat16): _GPU_16BIT,
         ("gpu", torch.float16): _GPU_16BIT,
@@ -85,15 +50,12 @@ MEAN_TABLE: Final = MappingProxyType(
 )
 
 
-def mean_config(arch_name: str, dtype: torch.dtype, n_cols: int) -> MeanConfig:
+def mean_config(arch_name: str, dtype: torch.dtype, n_cols: int) -> RowConfig:
     """The configuration for rows of ``n_cols`` elements of input ``dtype`` on ``arch_name``.
 
     The signature is the key: (arch, dtype, row length), never the number of rows.
     """
-    for bucket in MEAN_TABLE[(arch_family(arch_name), dtype)]:
-        if n_cols <= bucket.max_cols:
-            return bucket.config
-    raise AssertionError("unreachable: the last bucket takes any length")
+    return lookup(MEAN_TABLE, arch_name, dtype, n_cols)
 
 
 #: The fixed-point lane combine truncates each lane to the grid 2**(e - 45), e the exponent of
@@ -101,7 +63,7 @@ def mean_config(arch_name: str, dtype: torch.dtype, n_cols: int) -> MeanConfig:
 COMBINE_LOSS: Final = 2.0**-29
 
 
-def reduction_depth(config: MeanConfig, n_cols: int) -> int:
+def reduction_depth(config: RowConfig, n_cols: int) -> int:
     """Additions in sequence per lane (fp64 roundings at most) of the pinned sum: ``ceil(N /
     block_n)``.  The lane combine adds :data:`COMBINE_LOSS` of the largest lane and one rounding
     (int64 -> fp64).  For tolerances."""
@@ -112,7 +74,7 @@ def launch(
     x: torch.Tensor,
     out_dtype: torch.dtype,
     keepdim: bool,
-    config: MeanConfig | None = None,
+    config: RowConfig | None = None,
     fixed_point: bool = True,
 ) -> torch.Tensor:
     """Launch the kernel on validated arguments.  ``config`` (instead of the table) and

@@ -17,7 +17,8 @@ import torch
 import triton
 
 from batchinv.fast.device import arch, check_launch_device, sm_count
-from batchinv.fast.mean import MeanConfig, launch, mean_config
+from batchinv.fast.mean import launch, mean_config
+from batchinv.fast.row_config import RowConfig
 from batchinv.reference.mean import check_mean_args
 
 #: Widest chunk the row heuristic uses (columns).
@@ -32,14 +33,14 @@ def torch_native_mean(
     return torch.mean(x, dim=dim, keepdim=keepdim, dtype=dtype)
 
 
-def rows_heuristic_config(device: torch.device, dtype: torch.dtype, num_rows: int, n_cols: int) -> MeanConfig:
+def rows_heuristic_config(device: torch.device, dtype: torch.dtype, num_rows: int, n_cols: int) -> RowConfig:
     """A production-style plan keyed on the number of rows (the unpinned choice): with fewer
     rows than SMs each program takes its whole row in one chunk (up to :data:`WIDE_LIMIT`), with
     a full GPU the table's chunk.  The chunk width sets the order of the additions."""
     pinned = mean_config(arch(device), dtype, n_cols)
     wide = min(triton.next_power_of_2(max(n_cols, 1)), WIDE_LIMIT)
     block_n = wide if num_rows < sm_count(device) else pinned.block_n
-    return MeanConfig(pinned.block_m, block_n, pinned.num_warps)
+    return RowConfig(pinned.block_m, block_n, pinned.num_warps)
 
 
 def triton_rows_heuristic_mean(

@@ -9,7 +9,6 @@ No host synchronisation, so a call can be captured in a CUDA graph.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
@@ -18,46 +17,8 @@ import triton
 
 from batchinv.fast.device import arch, check_launch_device, interpreter_quiet, kernel_operand
 from batchinv.fast.kernels.softmax import softmax_kernel
+from batchinv.fast.row_config import ANY_LENGTH, Bucket, RowConfig, lookup
 from batchinv.reference.softmax import check_softmax_args
-
-
-@dataclass(frozen=True)
-class SoftmaxConfig:
-    """A kernel configuration (a tile).
-
-    Attributes:
-        block_m: rows per program (1 for vocabulary-sized rows on GPUs: one program per row).
-        block_n: columns per chunk of the row loop (a power of two).  It sets the reduction
-            order: each lane accumulates ``ceil(V / block_n)`` chunks in sequence, then the lanes
-            are combined on a fixed-point grid (``fixed_point_lane_sum``: integer adds, the same
-            bits in any order).
-        num_warps: warps per program.
-
-        Only ``block_n`` enters a row's arithmetic (rows of a tile never meet, and the lane
-        combine does not depend on the register layout); all three are pinned anyway.
-    """
-
-    block_m: int
-    block_n: int
-    num_warps: int
-
-    def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "num_warps"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"{name}: expected a power of two, got {value}")
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """Rows of length ``<= max_cols`` (and above the previous bucket's) use ``config``."""
-
-    max_cols: int
-    config: SoftmaxConfig
-
-
-#: Any row length (the last bucket of every table entry).
-ANY_LENGTH: Final = 1 << 62
 
 # The configuration table.  It is keyed ONLY on (arch, dtype, row length): the tile sets the
 # reduction order, so a key on the number of rows would make a row's bits depend on its batch.
@@ -69,58 +30,49 @@ SOFTMAX_TABLE: Final = MappingProxyType(
         # 4096 (fp32) / 8192 (16-bit) column chunks -- 32 bytes per thread per chunk at 16 warps.
         # Vocab 151936 does not fit one register-resident block.
         ("gpu", torch.float32): (
-            Bucket(256, SoftmaxConfig(4, 256, 4)),
-            Bucket(1024, SoftmaxConfig(1, 1024, 4)),
-            Bucket(4096, SoftmaxConfig(1, 4096, 8)),
-            Bucket(ANY_LENGTH, SoftmaxConfig(1, 4096, 16)),
+            Bucket(256, RowConfig(4, 256, 4)),
+            Bucket(1024, RowConfig(1, 1024, 4)),
+            Bucket(4096, RowConfig(1, 4096, 8)),
+            Bucket(ANY_LENGTH, RowConfig(1, 4096, 16)),
         ),
         ("gpu", torch.bfloat16): (
-            Bucket(256, SoftmaxConfig(4, 256, 4)),
-            Bucket(1024, SoftmaxConfig(1, 1024, 4)),
-            Bucket(ANY_LENGTH, SoftmaxConfig(1, 8192, 16)),
+            Bucket(256, RowConfig(4, 256, 4)),
+            Bucket(1024, RowConfig(1, 1024, 4)),
+            Bucket(ANY_LENGTH, RowConfig(1, 8192, 16)),
         ),
         ("gpu", torch.float16): (
-            Bucket(256, SoftmaxConfig(4, 256, 4)),
-            Bucket(1024, SoftmaxConfig(1, 1024, 4)),
-            Bucket(ANY_LENGTH, SoftmaxConfig(1, 8192, 16)),
+            Bucket(256, RowConfig(4, 256, 4)),
+            Bucket(1024, RowConfig(1, 1024, 4)),
+            Bucket(ANY_LENGTH, RowConfig(1, 8192, 16)),
         ),
         # The Triton interpreter (cpu lane) pays per operation, not per element: 64-row tiles,
         # and 128-column chunks so short rows still loop and end in a masked tail.  Rows longer
         # than 1024 take the GPUs' vocabulary path shape (one program per row).
         ("interp", torch.float32): (
-            Bucket(1024, SoftmaxConfig(64, 128, 1)),
-            Bucket(ANY_LENGTH, SoftmaxConfig(1, 512, 1)),
+            Bucket(1024, RowConfig(64, 128, 1)),
+            Bucket(ANY_LENGTH, RowConfig(1, 512, 1)),
         ),
         ("interp", torch.bfloat16): (
-            Bucket(1024, SoftmaxConfig(64, 128, 1)),
-            Bucket(ANY_LENGTH, SoftmaxConfig(1, 512, 1)),
+            Bucket(1024, RowConfig(64, 128, 1)),
+            Bucket(ANY_LENGTH, RowConfig(1, 512, 1)),
         ),
         ("interp", torch.float16): (
-            Bucket(1024, SoftmaxConfig(64, 128, 1)),
-            Bucket(ANY_LENGTH, SoftmaxConfig(1, 512, 1)),
+            Bucket(1024, RowConfig(64, 128, 1)),
+            Bucket(ANY_LENGTH, RowConfig(1, 512, 1)),
         ),
     }
 )
 
 
-def arch_family(arch_name: str) -> str:
-    """The table's arch key: ``"interp"`` under the interpreter, ``"gpu"`` for any sm (sm90 and
-    sm100 share one entry until a measurement splits them)."""
-    return "interp" if arch_name == "interp" else "gpu"
-
-
-def softmax_config(arch_name: str, dtype: torch.dtype, n_cols: int) -> SoftmaxConfig:
+def softmax_config(arch_name: str, dtype: torch.dtype, n_cols: int) -> RowConfig:
     """The configuration for rows of ``n_cols`` elements of input ``dtype`` on ``arch_name``.
 
     The signature is the key: (arch, dtype, row length), never the number of rows.
     """
-    for bucket in SOFTMAX_TABLE[(arch_family(arch_name), dtype)]:
-        if n_cols <= bucket.max_cols:
-            return bucket.config
-    raise AssertionError("unreachable: the last bucket takes any length")
+    return lookup(SOFTMAX_TABLE, arch_name, dtype, n_cols)
 
 
-def reduction_depth(config: SoftmaxConfig, n_cols: int) -> tuple[int, int]:
+def reduction_depth(config: RowConfig, n_cols: int) -> tuple[int, int]:
     """(chunks, combine) of the pinned reduction, in fp32 roundings: each lane adds ``chunks``
     terms in sequence; the fixed-point combine costs two roundings (int64 -> fp64 -> fp32) plus
     truncations below 2**-29 of the largest lane, counted as part of them.  For tolerances."""
@@ -131,7 +83,7 @@ def launch(
     x: torch.Tensor,
     out_dtype: torch.dtype,
     log: bool,
-    config: SoftmaxConfig | None = None,
+    config: RowConfig | None = None,
     fixed_point: bool = True,
 ) -> torch.Tensor:
     """Launch the kernel on validated arguments.  ``config`` (instead of the table) and

@@ -21,7 +21,8 @@ import torch
 import triton
 
 from batchinv.fast.device import arch, check_launch_device, sm_count
-from batchinv.fast.softmax import SoftmaxConfig, launch, softmax_config
+from batchinv.fast.row_config import RowConfig
+from batchinv.fast.softmax import launch, softmax_config
 from batchinv.reference.softmax import check_softmax_args
 
 #: Widest chunk the row heuristic uses (columns).
@@ -59,9 +60,7 @@ def torch_sum_log_softmax(x: torch.Tensor, dim: int = -1, half_to_float: bool = 
     return (shifted - shifted.exp().sum(dim=-1, keepdim=True).log()).to(out_dtype)
 
 
-def rows_heuristic_config(
-    device: torch.device, dtype: torch.dtype, num_rows: int, n_cols: int
-) -> SoftmaxConfig:
+def rows_heuristic_config(device: torch.device, dtype: torch.dtype, num_rows: int, n_cols: int) -> RowConfig:
     """A production-style plan keyed on the number of rows (the unpinned choice).
 
     Fewer rows than SMs leave the GPU under-filled, so each program takes its whole row (up to
@@ -72,7 +71,7 @@ def rows_heuristic_config(
     pinned = softmax_config(arch(device), dtype, n_cols)
     wide = min(triton.next_power_of_2(max(n_cols, 1)), WIDE_LIMIT)
     block_n = wide if num_rows < sm_count(device) else pinned.block_n
-    return SoftmaxConfig(pinned.block_m, block_n, pinned.num_warps)
+    return RowConfig(pinned.block_m, block_n, pinned.num_warps)
 
 
 def _rows_heuristic(x: torch.Tensor, dim: int, half_to_float: bool, log: bool) -> torch.Tensor:

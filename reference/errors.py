@@ -73,3 +73,24 @@ def check_cuda(argument: str, value: Any) -> None:
     """Raise :class:`DeviceError` unless tensor ``value`` is a CUDA tensor (the GPU path)."""
     if value.device.type != "cuda":
         raise DeviceError(argument, "a CUDA tensor on the GPU path", f"a tensor on {value.device}")
+
+
+def check_last_dim(x: Any, dim: Any, length_name: str) -> None:
+    """Validate a reduction over the last dim: ``x`` 2-D ``(R, L)`` or 3-D ``(B, S, L)`` (``L``
+    spelled ``length_name``) and ``dim`` an int naming its last dim (``-1`` or ``x.dim() - 1``).
+
+    Raises:
+        ArgumentError: another rank, a non-int ``dim``, or a ``dim`` out of range or not the last.
+    """
+    if x.dim() not in (2, 3):
+        raise ArgumentError(
+            "x",
+            f"a 2-D (R, {length_name}) or 3-D (B, S, {length_name}) tensor",
+            f"{x.dim()}-D tensor of shape {tuple(x.shape)}",
+        )
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise ArgumentError("dim", "an int", type(dim).__name__)
+    if not -x.dim() <= dim < x.dim():
+        raise ArgumentError("dim", f"an int in [{-x.dim()}, {x.dim() - 1}] (out of range)", dim)
+    if dim % x.dim() != x.dim() - 1:
+        raise ArgumentError("dim", f"the last dim (-1 or {x.dim() - 1}): only the last dim is supported", dim)

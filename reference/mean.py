@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from batchinv.reference.errors import ArgumentError, DTypeError, check_tensor
+from batchinv.reference.errors import ArgumentError, DTypeError, check_last_dim, check_tensor
 
 #: Input dtypes, and the ``dtype=`` values, the component accepts (fast and reference alike).
 MEAN_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
@@ -33,16 +33,7 @@ def check_mean_args(x: Any, dim: Any, keepdim: Any, dtype: Any) -> torch.dtype:
             last dim; ``keepdim`` is not a bool.
     """
     check_tensor("x", x, dtypes=MEAN_DTYPES)
-    if x.dim() not in (2, 3):
-        raise ArgumentError(
-            "x", "a 2-D (R, N) or 3-D (B, S, N) tensor", f"{x.dim()}-D tensor of shape {tuple(x.shape)}"
-        )
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise ArgumentError("dim", "an int", type(dim).__name__)
-    if not -x.dim() <= dim < x.dim():
-        raise ArgumentError("dim", f"an int in [{-x.dim()}, {x.dim() - 1}] (out of range)", dim)
-    if dim % x.dim() != x.dim() - 1:
-        raise ArgumentError("dim", f"the last dim (-1 or {x.dim() - 1}): only the last dim is supported", dim)
+    check_last_dim(x, dim, "N")
     if not isinstance(keepdim, bool):
         raise ArgumentError("keepdim", "a bool", type(keepdim).__name__)
     if dtype is not None and dtype not in MEAN_DTYPES:

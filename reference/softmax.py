@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from batchinv.reference.errors import ArgumentError, check_tensor
+from batchinv.reference.errors import ArgumentError, check_last_dim, check_tensor
 
 #: Input dtypes the component accepts (fast and reference alike).
 SOFTMAX_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
@@ -34,16 +34,7 @@ def check_softmax_args(x: Any, dim: Any, half_to_float: Any) -> torch.dtype:
             last dim; ``half_to_float`` is not a bool, or True for a float32 input.
     """
     check_tensor("x", x, dtypes=SOFTMAX_DTYPES)
-    if x.dim() not in (2, 3):
-        raise ArgumentError(
-            "x", "a 2-D (R, V) or 3-D (B, S, V) tensor", f"{x.dim()}-D tensor of shape {tuple(x.shape)}"
-        )
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise ArgumentError("dim", "an int", type(dim).__name__)
-    if not -x.dim() <= dim < x.dim():
-        raise ArgumentError("dim", f"an int in [{-x.dim()}, {x.dim() - 1}] (out of range)", dim)
-    if dim % x.dim() != x.dim() - 1:
-        raise ArgumentError("dim", f"the last dim (-1 or {x.dim() - 1}): only the last dim is supported", dim)
+    check_last_dim(x, dim, "V")
     if not isinstance(half_to_float, bool):
         raise ArgumentError("half_to_float", "a bool", type(half_to_float).__name__)
     if half_to_float and x.dtype not in HALF_DTYPES:

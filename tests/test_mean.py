@@ -19,8 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchinv.fast import mean as fast_module
-from batchinv.fast.mean import MEAN_TABLE, MeanConfig, mean_config
+from batchinv.fast.mean import MEAN_TABLE, mean_config
 from batchinv.fast.mean_baselines import rows_heuristic_config
+from batchinv.fast.row_config import RowConfig
 from batchinv.harness import bitpatterns as bp
 from batchinv.harness.compare import compare_bitwise, compare_tolerance
 from batchinv.harness.components import mean as component
@@ -62,7 +63,7 @@ def test_config_is_keyed_on_arch_dtype_and_row_length_only():
     with pytest.raises(dataclasses.FrozenInstanceError):
         mean_config("sm90", F32, 4096).block_n = 1  # type: ignore[misc]
     with pytest.raises(ValueError, match="block_m"):
-        MeanConfig(3, 128, 4)
+        RowConfig(3, 128, 4)
     for buckets in MEAN_TABLE.values():
         limits = [b.max_cols for b in buckets]
         assert limits == sorted(limits) and limits[-1] >= 2**40

@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchinv.fast import softmax as fast_module
-from batchinv.fast.softmax import SOFTMAX_TABLE, SoftmaxConfig, softmax_config
+from batchinv.fast.row_config import RowConfig
+from batchinv.fast.softmax import SOFTMAX_TABLE, softmax_config
 from batchinv.fast.softmax_baselines import rows_heuristic_config
 from batchinv.harness import bitpatterns as bp
 from batchinv.harness.compare import compare_bitwise, compare_tolerance
@@ -77,7 +78,7 @@ def test_config_table_is_frozen_and_complete():
     with pytest.raises(dataclasses.FrozenInstanceError):
         softmax_config("sm90", F32, 151936).block_n = 1  # type: ignore[misc]
     with pytest.raises(ValueError, match="block_n"):
-        SoftmaxConfig(1, 3000, 4)
+        RowConfig(1, 3000, 4)
     for (family, dtype), buckets in SOFTMAX_TABLE.items():
         limits = [b.max_cols for b in buckets]
         assert limits == sorted(limits) and limits[-1] >= 2**40, (family, dtype)
