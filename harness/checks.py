@@ -89,16 +89,32 @@ def run_check(
     lane: Lane,
     *,
     m_limit: int | None = None,
-    _spawn: bool = True,
 ) -> CheckResult:
     """Run ``check`` (see :data:`registry.CHECKS`) of ``subject`` on ``case`` and report it.
 
     Never raises for a failure inside the check: a crash becomes a ``status="error"`` row with
     the traceback's last line in ``detail``.  A pin candidate runs in a subprocess under its
-    environment (``_spawn=False``: only build the row, for :func:`run_checks` to fill).
+    environment (see :func:`run_checks`).
     """
     baseline = None if subject == FAST else component.baseline(subject)
-    result = CheckResult(
+    if baseline is not None and baseline.is_pin_candidate and os.environ.get(_CHILD_ENV) != "1":
+        return run_checks(component, subject, check, [case], lane, m_limit=m_limit)[0]
+    result = _new_result(component, subject, check, case, lane)
+    start = time.perf_counter()
+    try:
+        _run(component, subject, check, case, lane, result, m_limit)
+    except Exception as exc:  # an error row, and the sweep goes on
+        result.status = "error"
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        result.detail = last
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _new_result(component: Component, subject: str, check: str, case: Case, lane: Lane) -> CheckResult:
+    """The report row of a check before it runs (status ``error`` until the check says else)."""
+    baseline = None if subject == FAST else component.baseline(subject)
+    return CheckResult(
         component=component.name,
         subject=subject,
         check=check,
@@ -111,19 +127,6 @@ def run_check(
         negative_control=baseline is not None and not baseline.is_pin_candidate,
         pin_candidate=baseline is not None and baseline.is_pin_candidate,
     )
-    if baseline is not None and baseline.is_pin_candidate and os.environ.get(_CHILD_ENV) != "1":
-        if not _spawn:
-            return result
-        return run_checks(component, subject, check, [case], lane, m_limit=m_limit)[0]
-    start = time.perf_counter()
-    try:
-        _run(component, subject, check, case, lane, result, m_limit)
-    except Exception as exc:  # an error row, and the sweep goes on
-        result.status = "error"
-        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        result.detail = last
-    result.seconds = time.perf_counter() - start
-    return result
 
 
 def _run(
@@ -245,9 +248,7 @@ def run_checks(
     baseline = None if subject == FAST else component.baseline(subject)
     if baseline is None or not baseline.is_pin_candidate or os.environ.get(_CHILD_ENV) == "1":
         return [run_check(component, subject, check, case, lane, m_limit=m_limit) for case in cases]
-    results = [
-        run_check(component, subject, check, case, lane, m_limit=m_limit, _spawn=False) for case in cases
-    ]
+    results = [_new_result(component, subject, check, case, lane) for case in cases]
     start = time.perf_counter()
     try:
         children = _spawn_child(component.name, subject, check, cases, lane, m_limit, baseline.env or {})

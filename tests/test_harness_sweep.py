@@ -183,3 +183,17 @@ def test_cli_gpu_lane_without_a_gpu_says_so():
         pytest.skip("this machine has a GPU")
     proc = _cli("sweep", "topk", "--lane", "sm90")
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_pin_candidate_cases_run_in_one_child_process_and_come_back():
+    """The subprocess plumbing of pin candidates: every case comes back as a real row (on the cpu
+    lane a cuBLAS recipe is meaningless, but the child must still run the check and report it)."""
+    from batchinv.harness.checks import run_checks
+    from batchinv.harness.registry import get
+
+    comp = get("matmul")
+    candidate = next(b for b in comp.baselines if b.is_pin_candidate)
+    cases = list(comp.cases(Lane.CPU))[:2]
+    results = run_checks(comp, candidate.name, "repeat", cases, Lane.CPU)
+    assert [r.case for r in results] == [c.id for c in cases]
+    assert all(r.status == "pass" and r.pin_candidate for r in results), [r.detail for r in results]
