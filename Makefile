@@ -5,8 +5,9 @@
 #   make sweep PY=python3        (installs batchinv into that python with --no-deps first)
 
 PY ?= .venv/bin/python
-# On a machine without a GPU, install torch's CPU build first so pip does not pull a multi-GB
-# CUDA build (this workplace ships torch 2.13.0+cpu as a local wheel).  Override as needed.
+# torch for the venv, installed first so the project's "torch>=2.4" is already satisfied.  The
+# default resolves to a local CPU wheel on this workplace's machines; elsewhere, without a GPU,
+# use TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu" (README).
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?= -n auto
 SWEEP_ARGS ?=
@@ -18,7 +19,7 @@ STAMP := .venv/.installed
 $(STAMP): pyproject.toml
 	python3 -m venv .venv
 	.venv/bin/python -m pip install -q --upgrade pip
-	.venv/bin/python -m pip install -q "$(TORCH_SPEC)"
+	.venv/bin/python -m pip install -q $(TORCH_SPEC)
 	.venv/bin/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 else

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # cpu lane: every test that runs in the Triton interpreter (no GPU needed), then the sweep.
-# Where: any machine; this is what CI runs through `make test` (.ci/run).
+# Where: any machine.  CI (.ci/run -> make test) runs the same tests, not the sweep.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make test PYTEST_ARGS="-n auto --lane cpu"

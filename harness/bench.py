@@ -107,13 +107,13 @@ def bench_component(component: Any, lane: Lane, reps: int) -> list[BenchPoint]:
 
 def main(lane: Lane, names: Sequence[str], out: Path | None, reps: int) -> int:
     """Entry point of ``batchinv bench``; prints a rich table, optionally writes JSON + markdown."""
-    from rich.console import Console
     from rich.table import Table
 
+    from batchinv.harness.console import wide_console
     from batchinv.harness.registry import components
     from batchinv.harness.report import environment
 
-    console = Console()
+    console = wide_console()
     if not lane.is_gpu:
         console.print(
             "batchinv bench needs a GPU lane (CUDA graphs and events); this is the cpu lane: nothing to time."

@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from batchinv.harness.console import wide_console
 from batchinv.harness.lanes import Lane, detect_lane, enter_lane, parse_lane
 
 
@@ -54,7 +55,6 @@ def _fmt_ulp(value: float | None) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from batchinv.harness.registry import components
@@ -70,12 +70,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
         n = len(comp.cases(lane)) if lane in comp.lanes else 0
         table.add_row(comp.name, comp.summary, kind, ", ".join(comp.applicable_checks()), baselines, str(n))
-    Console().print(table)
+    wide_console().print(table)
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
@@ -85,7 +84,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from batchinv.harness.sweep import plan, run_sweep
 
     lane = _lane(args)
-    console = Console(stderr=False)
+    console = wide_console()
     comps = components(args.components or None)
     env = environment(lane)
     console.print(
@@ -190,11 +189,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             kind = (
                 "pin candidate"
                 if ctrl.pin_candidate
-                else ("negative control" if ctrl.expected_to_vary else "baseline (no variance expected here)")
+                else (
+                    "negative control" if ctrl.expected_to_vary else "baseline (variance not required here)"
+                )
             )
             verdict = ctrl.verdict
             if verdict == "inconclusive" and not ctrl.expected_to_vary:
-                verdict_text = "[dim]inconclusive (not expected on this lane)[/]"
+                verdict_text = "[dim]inconclusive (not required on this lane)[/]"
             else:
                 verdict_text = f"[{vstyle.get(verdict, 'white')}]{verdict}[/]"
             ctable.add_row(
@@ -207,6 +208,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 f"{ctrl.seconds:.1f}",
             )
         console.print(ctable)
+    for ctrl in outcome.controls:
+        if ctrl.repro and ctrl.verdict in ("detected", "varies"):
+            console.print(
+                f"{ctrl.component}/{ctrl.baseline} {ctrl.verdict}; repro: {ctrl.repro}", soft_wrap=True
+            )
     for ctrl in outcome.controls:
         if ctrl.is_failure:
             console.print(
@@ -231,7 +237,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
     print(f"{r.component} {r.subject} {r.check} [{r.case}] lane={lane.value}: {r.status.upper()}")
     if r.where:
         print("  where: " + ", ".join(r.where))
-    print(f"  {r.detail}")
+    if r.detail:
+        print(f"  {r.detail}")
     return 0 if r.status in ("pass", "skip") else 1
 
 
@@ -247,6 +254,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.target != "cublas":
         print(f"audit: expected target 'cublas', got {args.target!r}", file=sys.stderr)
         return 2
+    if not lane.is_gpu:
+        print(
+            "batchinv audit cublas needs a GPU lane (cuBLAS); this is the cpu lane: nothing to audit.\n"
+            "A dry run of the audit's plumbing on the CPU BLAS, writing nothing: "
+            "python -m batchinv.harness.cublas_audit --lane cpu --no-save"
+        )
+        return 0
     from batchinv.harness.cublas_audit import main as audit_main
 
     return audit_main(["--lane", lane.value, *args.rest])

@@ -203,8 +203,9 @@ def to_markdown(rows: Sequence[AuditRow], pins: Sequence[str], meta: dict[str, A
 
 
 def _print_table(rows: Sequence[AuditRow], pins: Sequence[str], title: str) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from batchinv.harness.console import wide_console
 
     header, body = _table_rows(rows, pins)
     table = Table(title=title)
@@ -213,7 +214,7 @@ def _print_table(rows: Sequence[AuditRow], pins: Sequence[str], title: str) -> N
     for r in body:
         styled = [*r[:3], *(_style(c) for c in r[3:])]
         table.add_row(*styled)
-    Console().print(table)
+    wide_console().print(table)
 
 
 def _style(cell: str) -> str:

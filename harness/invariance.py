@@ -135,6 +135,21 @@ def row_start(
     return result
 
 
+def pack_at_offset(batch: Batch, offset: int, generator: torch.Generator) -> Batch:
+    """The same rows, contiguous, starting ``offset`` elements into a NaN-filled flat buffer: a
+    packed buffer whose ``row_start`` is ``offset`` (unaligned for most offsets).  A
+    ``shift_row_start`` for components whose rows are dense tensors of any rank.  The fill is NaN,
+    not random (``generator`` is unused): a read outside the rows poisons the output."""
+    del generator
+    rows = {}
+    for name, t in batch.rows.items():
+        n = t.numel()
+        flat = torch.full((offset + n + 5,), float("nan"), dtype=t.dtype, device=t.device)
+        flat[offset : offset + n] = t.reshape(-1)
+        rows[name] = flat[offset : offset + n].view(t.shape)
+    return Batch(rows, batch.shared)
+
+
 def partition(
     fn: Callable[[Batch, int | None], Outputs], batch: Batch, counts: Sequence[int]
 ) -> DriverResult:

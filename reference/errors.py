@@ -48,12 +48,16 @@ def check_tensor(
 
     Raises:
         DTypeError: not a tensor, or a dtype outside ``dtypes``.
-        ArgumentError: wrong number of dimensions.
+        ArgumentError: a sparse or nested tensor, or a wrong number of dimensions.
     """
     import torch
 
     if not isinstance(value, torch.Tensor):
         raise DTypeError(argument, "a torch.Tensor", type(value).__name__)
+    if value.layout != torch.strided:
+        raise ArgumentError(argument, "a strided (dense) tensor", f"layout {value.layout}")
+    if value.is_nested:
+        raise ArgumentError(argument, "a strided (dense) tensor", "a nested tensor")
     if dtypes is not None and value.dtype not in dtypes:
         names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise DTypeError(argument, f"dtype {names}", str(value.dtype).removeprefix("torch."))

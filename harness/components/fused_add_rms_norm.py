@@ -17,8 +17,8 @@ from batchinv.harness.components.rms_norm import (
     make_error_cases,
     make_strategy,
     out_bound,
-    shift_rows,
 )
+from batchinv.harness.invariance import pack_at_offset
 from batchinv.harness.registry import ALL_LANES, Baseline, Batch, Component, Outputs, Toleranced
 from batchinv.reference import rms_norm as reference
 
@@ -64,7 +64,7 @@ COMPONENT = Component(
     lanes=ALL_LANES,
     dtypes=(torch.bfloat16, torch.float16, torch.float32),
     error_cases=make_error_cases(fused=True),
-    shift_row_start=shift_rows,
+    shift_row_start=pack_at_offset,
     partition_arg=None,
     strategy=make_strategy("fused_add_rms_norm", fused=True),
     bench_cases=make_bench_cases("fused_add_rms_norm"),

@@ -25,6 +25,7 @@ from batchinv.harness.components.softmax import (
     out_dtypes,
     strategy_for,
 )
+from batchinv.harness.invariance import pack_at_offset
 from batchinv.harness.registry import ALL_LANES, Component, Toleranced
 from batchinv.reference.log_softmax import log_softmax as reference_log_softmax
 
@@ -41,6 +42,7 @@ COMPONENT = Component(
     cases=lambda lane: cases_for(NAME, lane, short=True),
     build=build,
     agreement=Toleranced(log_softmax_bound, justification("log_softmax"), out_dtypes),
+    shift_row_start=pack_at_offset,
     lanes=ALL_LANES,
     dtypes=DTYPES,
     error_cases=error_cases_for,

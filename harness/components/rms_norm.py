@@ -29,6 +29,7 @@ import torch
 from batchinv.fast import rms_norm as fast
 from batchinv.fast import rms_norm_baselines as baselines
 from batchinv.harness.bitpatterns import catalogue, inject
+from batchinv.harness.invariance import pack_at_offset
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import (
     ALL_LANES,
@@ -199,19 +200,6 @@ def _place(t: torch.Tensor, device: torch.device, layout: str, g: torch.Generato
     wide = torch.full((m, n + pad), math.nan, dtype=t.dtype)
     wide[:, 3 : 3 + n] = t
     return wide.to(device)[:, 3 : 3 + n]
-
-
-def shift_rows(batch: Batch, offset: int, generator: torch.Generator) -> Batch:
-    """The same rows, contiguous, starting ``offset`` elements into a NaN-filled flat buffer
-    (a packed buffer whose row_start is ``offset``: unaligned for most offsets)."""
-    del generator  # the fill is NaN, not random: a read outside the window poisons the row
-    rows = {}
-    for name, t in batch.rows.items():
-        m, n = t.shape
-        flat = torch.full((offset + m * n + 5,), math.nan, dtype=t.dtype, device=t.device)
-        flat[offset : offset + m * n] = t.reshape(-1)
-        rows[name] = flat[offset : offset + m * n].view(m, n)
-    return Batch(rows, batch.shared)
 
 
 def make_builder(fused: bool) -> Callable[[Case, torch.device], Batch]:
@@ -401,7 +389,7 @@ COMPONENT = Component(
     lanes=ALL_LANES,
     dtypes=(torch.bfloat16, torch.float16, torch.float32),
     error_cases=make_error_cases(fused=False),
-    shift_row_start=shift_rows,
+    shift_row_start=pack_at_offset,
     partition_arg=None,
     strategy=make_strategy("rms_norm", fused=False),
     bench_cases=make_bench_cases("rms_norm"),

@@ -29,6 +29,7 @@ from batchinv.fast.softmax_baselines import (
     triton_rows_heuristic_softmax,
 )
 from batchinv.harness import bitpatterns as bp
+from batchinv.harness.invariance import pack_at_offset
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import (
     ALL_LANES,
@@ -545,6 +546,7 @@ COMPONENT = Component(
     cases=lambda lane: cases_for(NAME, lane),
     build=build,
     agreement=Toleranced(softmax_bound, justification("softmax"), out_dtypes),
+    shift_row_start=pack_at_offset,
     lanes=ALL_LANES,
     dtypes=DTYPES,
     error_cases=error_cases_for,
