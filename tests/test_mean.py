@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from launch_recorder import LaunchRecorder
 
 from batchinv.fast import mean as fast_module
 from batchinv.fast.mean import MEAN_TABLE, mean_config
@@ -69,33 +70,20 @@ def test_config_is_keyed_on_arch_dtype_and_row_length_only():
         assert limits == sorted(limits) and limits[-1] >= 2**40
 
 
-class _Recorder:
-    """Stands in for the jitted kernel: records each launch's grid and constexprs."""
-
-    def __init__(self):
-        self.launches: list[tuple[tuple[int, ...], dict]] = []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launches.append((grid, dict(kwargs)))
-
-        return launch
-
-
 @pytest.mark.cpu
 @pytest.mark.parametrize("n_cols", [100, 333, 1537])
 def test_launch_plan_is_the_same_at_every_batch_size(monkeypatch, n_cols):
     """The launcher's constexprs (the order of the additions) never change with M."""
-    recorder = _Recorder()
+    recorder = LaunchRecorder()
     monkeypatch.setattr(fast_module, "mean_kernel", recorder)
     x = torch.zeros(4096, n_cols)
     sweep = m_sweep(Lane.SM90)
     for m in sweep:
         fast_mean(x[:m], dtype=BF16)
-    plans = [kwargs for _, kwargs in recorder.launches]
+    plans = recorder.plans()
     assert len(plans) == len(sweep) and all(p == plans[0] for p in plans), plans
     block_m = plans[0]["BLOCK_M"]
-    assert [grid for grid, _ in recorder.launches] == [(-(-m // block_m),) for m in sweep]
+    assert [launch["grid"] for launch in recorder.launches] == [(-(-m // block_m),) for m in sweep]
 
 
 def test_the_rows_heuristic_baseline_does_key_on_rows():

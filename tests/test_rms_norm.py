@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
+from launch_recorder import LaunchRecorder
 
 import batchinv.fast.rms_norm as fast_mod
 from batchinv.fast import rms_norm_baselines
@@ -44,31 +45,18 @@ def test_config_functions_take_no_row_count() -> None:
     assert {n for _, _, n in CONFIGS} == set(PRODUCTION_HIDDEN)
 
 
-class _Recorder:
-    """Stands in for the kernel: records every launch's constexprs and num_warps."""
-
-    def __init__(self) -> None:
-        self.launches: list[dict[str, object]] = []
-
-    def __getitem__(self, grid: tuple[int, ...]):
-        def launch(*args: object, **kwargs: object) -> None:
-            self.launches.append({k: v for k, v in kwargs.items()})
-
-        return launch
-
-
 @pytest.mark.cpu
 @pytest.mark.parametrize("hidden", [96, 127, 4096, 5121, 20000])
 def test_every_row_count_launches_one_config(monkeypatch: pytest.MonkeyPatch, hidden: int) -> None:
-    rec = _Recorder()
+    rec = LaunchRecorder()
     monkeypatch.setattr(fast_mod, "rms_norm_rows_kernel", rec)
     w = torch.ones(hidden)
     for m in (1, 2, 7, 255, 256, 257, 2048):
         x = torch.zeros(m, hidden)
         fast_mod.rms_norm(x, w)
         fast_mod.fused_add_rms_norm(x, x, w)
-    plain = [launch for launch in rec.launches if not launch["HAS_RESIDUAL"]]
-    fused = [launch for launch in rec.launches if launch["HAS_RESIDUAL"]]
+    plain = [plan for plan in rec.plans() if not plan["HAS_RESIDUAL"]]
+    fused = [plan for plan in rec.plans() if plan["HAS_RESIDUAL"]]
     assert len(plain) == len(fused) == 7
     assert all(launch == plain[0] for launch in plain)
     assert all(launch == fused[0] for launch in fused)
@@ -78,7 +66,7 @@ def test_every_row_count_launches_one_config(monkeypatch: pytest.MonkeyPatch, hi
 @pytest.mark.negative_control
 def test_recorder_sees_the_rows_dependent_baseline(monkeypatch: pytest.MonkeyPatch) -> None:
     """The recorder above can fail: the unpinned baseline's tile changes at 256 rows."""
-    rec = _Recorder()
+    rec = LaunchRecorder()
 
     def record(x: torch.Tensor, r: object, w: object, eps: float, cfg: object) -> tuple[torch.Tensor, None]:
         rec.launches.append({"config": cfg})

@@ -18,6 +18,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from launch_recorder import LaunchRecorder
 
 from batchinv.fast import softmax as fast_module
 from batchinv.fast.row_config import RowConfig
@@ -90,36 +91,23 @@ def test_config_table_is_frozen_and_complete():
             assert config.block_n < vocab and config.block_m == 1, (dtype, vocab, config)
 
 
-class _Recorder:
-    """Stands in for the jitted kernel: records each launch's grid and constexprs."""
-
-    def __init__(self):
-        self.launches: list[tuple[tuple[int, ...], dict]] = []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launches.append((grid, dict(kwargs)))
-
-        return launch
-
-
 @pytest.mark.cpu
 @pytest.mark.parametrize("n_cols", [100, 333, 1537])
 @pytest.mark.parametrize("log", [False, True])
 def test_launch_plan_is_the_same_at_every_batch_size(monkeypatch, n_cols, log):
     """The launcher's constexprs (the reduction order) never change with M; only the grid does."""
-    recorder = _Recorder()
+    recorder = LaunchRecorder()
     monkeypatch.setattr(fast_module, "softmax_kernel", recorder)
     x = torch.zeros(4096, n_cols, dtype=BF16)
     fn = fast_module.log_softmax if log else fast_module.softmax
     sweep = m_sweep(Lane.SM90)
     for m in sweep:
         fn(x[:m], half_to_float=True)
-    plans = [kwargs for _, kwargs in recorder.launches]
+    plans = recorder.plans()
     assert len(plans) == len(sweep)
     assert all(p == plans[0] for p in plans), plans
     block_m = plans[0]["BLOCK_M"]
-    assert [grid for grid, _ in recorder.launches] == [(-(-m // block_m),) for m in sweep]
+    assert [launch["grid"] for launch in recorder.launches] == [(-(-m // block_m),) for m in sweep]
 
 
 def test_the_rows_heuristic_baseline_does_key_on_rows():

@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from launch_recorder import LaunchRecorder
 
 from batchinv.fast import topk as fast_module
 from batchinv.fast.device import interpreting
@@ -437,21 +438,6 @@ def test_output_is_relative_to_the_clamped_row_start(device):
 
 
 # --- dispatch and the config table ----------------------------------------------------------------
-
-
-class LaunchRecorder:
-    """Stands in for a ``@triton.jit`` kernel: records each launch, then runs the real one."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-        self.launches: list[dict] = []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launches.append({"grid": grid, **kwargs})
-            return self.kernel[grid](*args, **kwargs)
-
-        return launch
 
 
 @pytest.fixture
