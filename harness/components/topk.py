@@ -235,6 +235,7 @@ def cases(lane: Lane) -> Sequence[Case]:
             make_case(1, 1025, 1024, bounds="int64", seed=7),
             make_case(2, 8193, 512, seed=1),  # past the envelope: the reference path
             make_case(2, 700, 100, seed=9),  # k outside the envelope: the reference path
+            make_case(17, 600, 512, seed=11),  # enough rows for the M sweep 1..17 on this lane
         ]
     # GPU lanes: the num_cols edges for every k of the envelope (layouts and bound
     # dtypes rotate), then production batch sizes for the full M sweep.
