@@ -15,16 +15,18 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from batchinv.harness import invariance
+from batchinv.harness import invariance, strict_json
+from batchinv.harness.build_cache import built
 from batchinv.harness.compare import compare_bitwise, compare_tolerance
 from batchinv.harness.lanes import Lane, lane_device
 from batchinv.harness.registry import (
+    INVARIANCE_CHECKS,
     ROW_OFFSETS,
     Batch,
     Case,
@@ -59,6 +61,7 @@ class CheckResult:
     worst_abs: float | None = None
     worst_rel: float | None = None
     where: list[str] = field(default_factory=list)
+    first_difference: str = ""
     detail: str = ""
     seconds: float = 0.0
     repro: str = ""
@@ -66,14 +69,20 @@ class CheckResult:
     pin_candidate: bool = False
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), default=str)
+        """One line of strict JSON (non-finite figures as the strings "inf", "-inf", "nan")."""
+        return strict_json.dumps(asdict(self))
 
 
-def repro_command(component: str, subject: str, check: str, case: Case, lane: Lane) -> str:
-    """The one-line command that re-runs exactly this check on exactly this case."""
+def repro_command(
+    component: str, subject: str, check: str, case: Case, lane: Lane, m_limit: int | None = None
+) -> str:
+    """The one-line command that re-runs exactly this check on exactly this case: every option
+    that changes what runs (lane, seed, axes, ``--max-m``) is on it, and it is one physical line
+    (the axes are compact JSON, shell-quoted)."""
+    max_m = f" --max-m {m_limit}" if m_limit is not None else ""
     return (
         f"batchinv repro {component} --check {check} --subject {subject} --lane {lane.value} "
-        f"--seed {case.seed} --axes {shlex.quote(case.axes_json())}"
+        f"--seed {case.seed}{max_m} --axes {shlex.quote(case.axes_json())}"
     )
 
 
@@ -99,7 +108,7 @@ def run_check(
     baseline = None if subject == FAST else component.baseline(subject)
     if baseline is not None and baseline.is_pin_candidate and os.environ.get(_CHILD_ENV) != "1":
         return run_checks(component, subject, check, [case], lane, m_limit=m_limit)[0]
-    result = _new_result(component, subject, check, case, lane)
+    result = _new_result(component, subject, check, case, lane, m_limit)
     start = time.perf_counter()
     try:
         _run(component, subject, check, case, lane, result, m_limit)
@@ -111,7 +120,9 @@ def run_check(
     return result
 
 
-def _new_result(component: Component, subject: str, check: str, case: Case, lane: Lane) -> CheckResult:
+def _new_result(
+    component: Component, subject: str, check: str, case: Case, lane: Lane, m_limit: int | None = None
+) -> CheckResult:
     """The report row of a check before it runs (status ``error`` until the check says else)."""
     baseline = None if subject == FAST else component.baseline(subject)
     return CheckResult(
@@ -123,7 +134,7 @@ def _new_result(component: Component, subject: str, check: str, case: Case, lane
         seed=case.seed,
         lane=lane.value,
         status="error",
-        repro=repro_command(component.name, subject, check, case, lane),
+        repro=repro_command(component.name, subject, check, case, lane, m_limit),
         negative_control=baseline is not None and not baseline.is_pin_candidate,
         pin_candidate=baseline is not None and baseline.is_pin_candidate,
     )
@@ -139,7 +150,7 @@ def _run(
     m_limit: int | None,
 ) -> None:
     device = torch.device(lane_device(lane))
-    batch = component.build(case, device)
+    batch = built(component, case, device)
     impl = _impl(component, subject)
 
     def call(b: Batch) -> Outputs:
@@ -152,7 +163,7 @@ def _run(
     if check == "batch_prefix":
         driver = invariance.batch_prefix(call, batch, m_sweep(lane, m_limit))
     elif check == "position":
-        neighbours = component.build(case.with_seed(case.seed + 7919), device)
+        neighbours = built(component, case.with_seed(case.seed + 7919), device)
         n = batch.num_rows
         targets = sorted({0, n - 1, int(torch.randint(n, (1,), generator=generator))})
         m = neighbours.num_rows
@@ -193,6 +204,7 @@ def _run(
     result.rows_differing = driver.rows_differing
     result.worst_ulp = driver.worst_ulp
     result.where = driver.where
+    result.first_difference = driver.first_difference
     result.detail = driver.detail
 
 
@@ -211,6 +223,7 @@ def _agreement(component: Component, batch: Batch, fast_out: Outputs, result: Ch
         ulps = [r.worst_ulp for r in bad if r.worst_ulp is not None]
         result.worst_ulp = max(ulps) if ulps else (0.0 if not bad else None)
         result.detail = str(bad[0]) if bad else "bitwise equal to the reference"
+        result.first_difference = bad[0].first.where if bad and bad[0].first else ""
         return
     if agreement.out_dtypes is not None:
         wanted = agreement.out_dtypes(batch)
@@ -231,6 +244,51 @@ def _agreement(component: Component, batch: Batch, fast_out: Outputs, result: Ch
     result.detail = str(bad_t[0] if bad_t else max(reports_t, key=lambda r: r.worst_abs))
 
 
+class BaselineCrashed(RuntimeError):
+    """A baseline raised while a negative control ran it: an error, never a detection."""
+
+
+def control_results(
+    component: Component, baseline: str, lane: Lane, *, m_limit: int | None = None
+) -> Iterator[CheckResult]:
+    """The negative control of ``baseline``: its invariance checks over the lane's cases, in
+    order, ending after the first check that finds variance (``fail``) or crashes (``error``)."""
+    checks = [c for c in component.applicable_checks() if c in INVARIANCE_CHECKS]
+    for case in component.cases(lane):
+        for check in checks:
+            result = run_check(component, baseline, check, case, lane, m_limit=m_limit)
+            yield result
+            if result.status in ("fail", "error"):
+                return
+
+
+def negative_control(
+    component: Component, baseline: str, lane: Lane, *, m_limit: int | None = None
+) -> list[CheckResult]:
+    """Run the negative control of ``baseline`` and raise on what it finds.
+
+    Raises:
+        VarianceDetected: a check found different bits (the expected outcome for an unpinned
+            baseline; the message has the check, the case and the repro line).
+        BaselineCrashed: a check crashed: an error, never a detection.
+
+    Returns:
+        Every result, when no check found variance (the control is inconclusive here).
+    """
+    results = []
+    for r in control_results(component, baseline, lane, m_limit=m_limit):
+        results.append(r)
+        if r.status == "error":
+            raise BaselineCrashed(
+                f"{component.name}/{baseline} crashed in {r.check} [{r.case}]: {r.detail}\n  repro: {r.repro}"
+            )
+        if r.status == "fail":
+            raise invariance.VarianceDetected(
+                f"{component.name}/{baseline} varies in {r.check} [{r.case}]: {r.detail}\n  repro: {r.repro}"
+            )
+    return results
+
+
 _CHILD_ENV = "BATCHINV_CHECK_CHILD"
 
 
@@ -248,7 +306,7 @@ def run_checks(
     baseline = None if subject == FAST else component.baseline(subject)
     if baseline is None or not baseline.is_pin_candidate or os.environ.get(_CHILD_ENV) == "1":
         return [run_check(component, subject, check, case, lane, m_limit=m_limit) for case in cases]
-    results = [_new_result(component, subject, check, case, lane) for case in cases]
+    results = [_new_result(component, subject, check, case, lane, m_limit) for case in cases]
     start = time.perf_counter()
     try:
         children = _spawn_child(component.name, subject, check, cases, lane, m_limit, baseline.env or {})

@@ -11,6 +11,7 @@ import datetime as _dt
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from batchinv.harness.console import wide_console
 from batchinv.harness.lanes import Lane, detect_lane, enter_lane, parse_lane
@@ -48,12 +49,6 @@ def _axes(text: str) -> dict[str, object]:
     return axes
 
 
-def _fmt_ulp(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return "inf" if value == float("inf") else f"{value:g}"
-
-
 def cmd_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -74,9 +69,38 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_path(args: argparse.Namespace, lane: Lane) -> Path:
+    """The report path, checked writable before anything runs (a usage error otherwise)."""
+    path = (
+        Path(args.report)
+        if args.report
+        else Path("reports") / (f"sweep-{lane.value}-{_dt.datetime.now():%Y%m%d-%H%M%S}.jsonl")
+    )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--report: cannot write {str(path)!r} ({exc.strerror or exc})") from None
+    return path
+
+
+def _jobs(args: argparse.Namespace, lane: Lane) -> int:
+    from batchinv.harness.sweep import default_jobs
+
+    if args.jobs == "auto":
+        return default_jobs()
+    try:
+        jobs = int(args.jobs)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise UsageError(f"--jobs: expected 'auto' or an integer >= 1, got {args.jobs!r}")
+    return jobs
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from batchinv.harness.checks import CheckResult
     from batchinv.harness.registry import components
@@ -86,157 +110,122 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     lane = _lane(args)
     console = wide_console()
     comps = components(args.components or None)
+    report_path = _report_path(args, lane)
+    jobs = _jobs(args, lane)
     env = environment(lane)
     console.print(
         f"[bold]batchinv sweep[/] lane={lane.value} device={env['device']} torch={env['torch']} "
-        f"triton={env['triton']} ftz={env['flushes_subnormal_result']}"
-    )
-    report_path = (
-        Path(args.report)
-        if args.report
-        else Path("reports") / (f"sweep-{lane.value}-{_dt.datetime.now():%Y%m%d-%H%M%S}.jsonl")
+        f"triton={env['triton']} ftz={env['flushes_subnormal_result']} jobs={jobs}"
     )
     tasks = plan(comps, lane)
-    with (
-        JsonlReport(report_path) as report,
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-            disable=args.no_progress,
-        ) as progress,
-    ):
-        report.write("header", env)
-        bar = progress.add_task("sweep", total=len(tasks))
+    try:
+        with (
+            JsonlReport(report_path) as report,
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+                disable=args.no_progress,
+            ) as progress,
+        ):
+            report.write("header", {**env, "jobs": jobs, "max_m": args.max_m})
+            bar = progress.add_task("sweep", total=len(tasks))
 
-        def on_result(r: CheckResult) -> None:
-            report.check(r)
-            progress.update(bar, advance=1, description=f"{r.component} {r.subject} {r.check}")
-            if r.status in ("fail", "error") and not (r.negative_control or r.pin_candidate):
-                progress.console.print(
-                    f"[red]{r.status.upper()}[/] {r.component} {r.check} {r.case}: {r.detail}"
-                )
-                progress.console.print(f"  repro: {r.repro}")
+            def on_result(r: CheckResult) -> None:
+                report.check(r)
+                progress.update(bar, advance=1, description=f"{r.component} {r.subject} {r.check}")
+                if r.status in ("fail", "error") and not (r.negative_control or r.pin_candidate):
+                    progress.console.print(
+                        f"{r.status.upper()} {r.component} {r.check} {r.case}: {r.detail}",
+                        markup=False,
+                        highlight=False,
+                        soft_wrap=True,
+                    )
+                    _print_repro(progress.console, "  repro: " + r.repro)
 
-        outcome = run_sweep(
-            comps,
-            lane,
-            on_result=on_result,
-            on_skip=lambda n: progress.update(bar, advance=n),
-            m_limit=args.max_m,
-            include_baselines=not args.no_baselines,
-        )
-        report.write(
-            "summary",
-            {
-                "ok": outcome.ok,
-                "checks": [vars(c) for c in outcome.checks],
-                "controls": [vars(c) for c in outcome.controls],
-            },
-        )
+            outcome = run_sweep(
+                comps,
+                lane,
+                on_result=on_result,
+                on_skip=lambda n: progress.update(bar, advance=n),
+                m_limit=args.max_m,
+                include_baselines=not args.no_baselines,
+                jobs=jobs,
+            )
+            report.write("summary", outcome.summary())
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; the partial report is {report_path}", file=sys.stderr)
+        return 130
+    from batchinv.harness.sweep_table import print_outcome
 
-    table = Table(title=f"batchinv sweep — lane {lane.value} — {env['device']}")
-    for col in (
-        "component",
-        "check",
-        "fast",
-        "rows differing",
-        "worst ULP",
-        "negative control",
-        "cases",
-        "seconds",
-    ):
-        table.add_column(
-            col, justify="right" if col in ("rows differing", "worst ULP", "cases", "seconds") else "left"
+    return print_outcome(console, outcome, lane, env, report_path)
+
+
+def _print_repro(console: object, line: str) -> None:
+    """A repro line on one physical line, whatever the width, with no markup interpretation."""
+    console.print(line, markup=False, highlight=False, soft_wrap=True)  # type: ignore[attr-defined]
+
+
+def _validated_case(comp: Any, lane: Lane, axes: dict[str, Any], seed: int, check: str) -> Any:
+    """The repro's case, or a usage error naming the bad key: the axis keys must be exactly
+    those of the component's cases, each value of the type those cases use, and the case must
+    build; the check must be one that applies to the component."""
+    from batchinv.harness.lanes import lane_device
+    from batchinv.harness.registry import CHECKS, Case
+
+    if check not in CHECKS:
+        raise UsageError(f"--check: expected one of {', '.join(CHECKS)}; got {check!r}")
+    if check not in comp.applicable_checks():
+        raise UsageError(
+            f"--check: {check!r} does not apply to {comp.name} (its checks: {', '.join(comp.applicable_checks())})"
         )
-    style = {"pass": "green", "fail": "red", "error": "red", "skip": "dim"}
-    for c in outcome.checks:
-        if c.check == "agreement":
-            nc = "n/a"
-        elif c.detected_by:
-            nc = "[green]fails on " + ", ".join(dict.fromkeys(c.detected_by)) + "[/]"
-        else:
-            nc = "-"
-        status = f"[{style[c.status]}]{c.status}[/]"
-        if c.status != "pass" and c.cases:
-            status += f" ({c.failed + c.errors}/{c.cases})"
-        table.add_row(
-            c.component,
-            c.check,
-            status,
-            str(c.rows_differing),
-            _fmt_ulp(c.worst_ulp),
-            nc,
-            str(c.cases),
-            f"{c.seconds:.1f}",
-        )
-    console.print(table)
-    if outcome.controls:
-        ctable = Table(title="negative controls and pin candidates")
-        for col in ("component", "baseline", "kind", "verdict", "where", "cases", "seconds"):
-            ctable.add_column(col)
-        vstyle = {
-            "detected": "green",
-            "invariant": "cyan",
-            "varies": "yellow",
-            "inconclusive": "red",
-            "error": "red",
-        }
-        for ctrl in outcome.controls:
-            kind = (
-                "pin candidate"
-                if ctrl.pin_candidate
-                else (
-                    "negative control" if ctrl.expected_to_vary else "baseline (variance not required here)"
-                )
-            )
-            verdict = ctrl.verdict
-            if verdict == "inconclusive" and not ctrl.expected_to_vary:
-                verdict_text = "[dim]inconclusive (not required on this lane)[/]"
-            else:
-                verdict_text = f"[{vstyle.get(verdict, 'white')}]{verdict}[/]"
-            ctable.add_row(
-                ctrl.component,
-                ctrl.baseline,
-                kind,
-                verdict_text,
-                ctrl.where or ctrl.detail[:80],
-                str(ctrl.cases),
-                f"{ctrl.seconds:.1f}",
-            )
-        console.print(ctable)
-    for ctrl in outcome.controls:
-        if ctrl.repro and ctrl.verdict in ("detected", "varies"):
-            console.print(
-                f"{ctrl.component}/{ctrl.baseline} {ctrl.verdict}; repro: {ctrl.repro}", soft_wrap=True
-            )
-    for ctrl in outcome.controls:
-        if ctrl.is_failure:
-            console.print(
-                f"[red]INCONCLUSIVE[/] negative control {ctrl.component}/{ctrl.baseline}: no check failed on a "
-                f"baseline that must vary on lane {lane.value}; the harness has lost its teeth here."
-            )
-    console.print(f"report: {report_path}")
-    console.print(
-        "[green]OK[/]" if outcome.ok else f"[red]FAILED[/] ({len(outcome.failures)} failing fast checks)"
-    )
-    return 0 if outcome.ok else 1
+    known: dict[str, set[type]] = {}
+    for some_lane in Lane:
+        for case in comp.cases(some_lane):
+            for key, value in case.axes.items():
+                known.setdefault(key, set()).add(type(value))
+    unknown = sorted(set(axes) - set(known))
+    missing = sorted(set(known) - set(axes))
+    if unknown:
+        raise UsageError(f"--axes: unknown key(s) {unknown} for {comp.name}; its keys: {sorted(known)}")
+    if missing:
+        raise UsageError(f"--axes: missing key(s) {missing} for {comp.name}; its keys: {sorted(known)}")
+    for key, value in axes.items():
+        if type(value) not in known[key]:
+            wanted = " or ".join(sorted(t.__name__ for t in known[key]))
+            raise UsageError(f"--axes: key {key!r} expects {wanted}, got {type(value).__name__} {value!r}")
+    case = Case(comp.name, axes, seed)
+    import torch
+
+    try:
+        comp.build(case, torch.device(lane_device(lane)))
+    except Exception as exc:  # the builder's own message names the axis and the accepted range
+        raise UsageError(f"--axes: {comp.name} cannot build this case: {exc}") from None
+    return case
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
-    from batchinv.harness.checks import run_check
-    from batchinv.harness.registry import Case, get
+    from batchinv.harness.checks import FAST, run_check
+    from batchinv.harness.registry import get
 
     lane = _lane(args)
     comp = get(args.component)
-    case = Case(comp.name, _axes(args.axes), args.seed)
+    if args.subject != FAST:
+        try:
+            comp.baseline(args.subject)
+        except KeyError:
+            names = [FAST, *(b.name for b in comp.baselines)]
+            raise UsageError(f"--subject: expected one of {names}, got {args.subject!r}") from None
+    case = _validated_case(comp, lane, _axes(args.axes), args.seed, args.check)
     r = run_check(comp, args.subject, args.check, case, lane, m_limit=args.max_m)
     print(f"{r.component} {r.subject} {r.check} [{r.case}] lane={lane.value}: {r.status.upper()}")
     if r.where:
         print("  where: " + ", ".join(r.where))
+    if r.first_difference:
+        print(f"  first difference: {r.first_difference}")
     if r.detail:
         print(f"  {r.detail}")
     return 0 if r.status in ("pass", "skip") else 1
@@ -244,23 +233,31 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from batchinv.harness.bench import main as bench_main
+    from batchinv.harness.registry import components
 
     lane = _lane(args)
+    components(args.components or None)  # unknown names: a usage error before anything runs
+    if not lane.is_gpu:
+        print(
+            "batchinv bench needs a GPU lane (CUDA graphs and events); this is the cpu lane: nothing timed.",
+            file=sys.stderr,
+        )
+        return 3
     return bench_main(lane, args.components, Path(args.out) if args.out else None, args.reps)
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
     lane = _lane(args)
     if args.target != "cublas":
-        print(f"audit: expected target 'cublas', got {args.target!r}", file=sys.stderr)
-        return 2
+        raise UsageError(f"audit: expected target 'cublas', got {args.target!r}")
     if not lane.is_gpu:
         print(
-            "batchinv audit cublas needs a GPU lane (cuBLAS); this is the cpu lane: nothing to audit.\n"
+            "batchinv audit cublas needs a GPU lane (cuBLAS); this is the cpu lane: nothing audited.\n"
             "A dry run of the audit's plumbing on the CPU BLAS, writing nothing: "
-            "python -m batchinv.harness.cublas_audit --lane cpu --no-save"
+            "python -m batchinv.harness.cublas_audit --lane cpu --no-save",
+            file=sys.stderr,
         )
-        return 0
+        return 3
     from batchinv.harness.cublas_audit import main as audit_main
 
     return audit_main(["--lane", lane.value, *args.rest])
@@ -280,6 +277,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-m", type=_positive_int, default=None, help="cut the M sweep at this many rows")
     p.add_argument("--no-baselines", action="store_true", help="skip negative controls and pin candidates")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--jobs",
+        default="auto",
+        help="worker processes ('auto': one per core, at most 12; 1: run in this process)",
+    )
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("list", help="list registered components")
@@ -300,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="CUDA-graph + event timing of fast vs baselines (GPU lanes)")
     p.add_argument("components", nargs="*")
     p.add_argument("--out", help="write JSON and markdown results with this path prefix")
-    p.add_argument("--reps", type=int, default=50, help="timed graph replays per point (median)")
+    p.add_argument("--reps", type=_positive_int, default=50, help="timed graph replays per point (median)")
     add_lane(p)
     p.set_defaults(func=cmd_bench)
 
@@ -313,12 +315,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 ok; 1 a check failed; 2 a usage error (the message names the option or
+    key); 3 the command cannot run on this lane; 130 interrupted (Ctrl-C)."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except (KeyError, UsageError) as exc:
-        print(f"batchinv: {exc.args[0]}", file=sys.stderr)
+        print(f"batchinv: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\nbatchinv: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -69,6 +69,11 @@ class Difference:
     expected_value: str
     actual_value: str
 
+    @property
+    def where(self) -> str:
+        """``"(row R, col C)"``: the first differing index."""
+        return f"(row {self.row}, col {self.col})"
+
     def __str__(self) -> str:
         return (
             f"first difference at (row {self.row}, col {self.col}): expected {self.expected_bits} "

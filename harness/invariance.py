@@ -19,6 +19,16 @@ from batchinv.harness.registry import Batch, Outputs, as_outputs
 Impl = Callable[[Batch], Outputs]
 
 
+class VarianceDetected(AssertionError):
+    """An invariance check found different bits: what a negative control must produce.
+
+    The harness raises this one type, and only for variance, so a negative control can be a
+    strict expected failure that only variance satisfies (``xfail(strict=True,
+    raises=VarianceDetected)``): a baseline that crashes raises something else and fails the
+    test, and one that never varies passes it, which a strict xfail turns red.
+    """
+
+
 @dataclass
 class DriverResult:
     """The outcome of one invariance check on one case.
@@ -30,6 +40,7 @@ class DriverResult:
         worst_ulp: the largest ULP distance seen (None if all equal or not a float).
         where: the sweep points that failed, e.g. ``["M=7", "M=15"]``.
         detail: the first failing comparison's report.
+        first_difference: the first failing sweep point and its first differing (row, col).
     """
 
     passed: bool = True
@@ -38,6 +49,7 @@ class DriverResult:
     worst_ulp: float | None = None
     where: list[str] = field(default_factory=list)
     detail: str = ""
+    first_difference: str = ""
     _rows: set[int] = field(default_factory=set, repr=False)
 
     def record(
@@ -58,6 +70,10 @@ class DriverResult:
         self.rows_differing = len(self._rows)
         if not self.detail:
             self.detail = f"{label}: {bad[0]}"
+            first = bad[0].first
+            if first is not None:
+                row = row_ids[first.row] if row_ids is not None else first.row
+                self.first_difference = f"{label}: (row {row}, col {first.col})"
 
 
 def compare_outputs(expected: Outputs, actual: Outputs) -> list[BitwiseReport]:

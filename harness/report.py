@@ -11,6 +11,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from batchinv.harness import strict_json
 from batchinv.harness.checks import CheckResult
 from batchinv.harness.lanes import Lane
 
@@ -59,7 +60,7 @@ class JsonlReport:
     def write(self, kind: str, payload: dict[str, Any]) -> None:
         if self._fh is None:
             return
-        self._fh.write(json.dumps({"kind": kind, **payload}, default=str) + "\n")
+        self._fh.write(strict_json.dumps({"kind": kind, **payload}) + "\n")
         self._fh.flush()
 
     def check(self, result: CheckResult) -> None:

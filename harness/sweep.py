@@ -6,19 +6,35 @@ first one that detects variance (a detection is all a negative control needs).  
 run their batch-prefix check on every case, since where they vary is the finding.
 
 Verdicts: a fast check is ``pass``/``fail``/``error``; a negative control is ``detected``
-(some check failed on the baseline, as it must), ``inconclusive`` (nothing failed: the harness
-could not tell this baseline from a pinned kernel here — never reported as a pass) or ``error``;
-a pin candidate is ``invariant``, ``varies`` or ``error``.
+(some check found different bits on the baseline, as it must), ``inconclusive`` (nothing
+varied: the harness could not tell this baseline from a pinned kernel here — never reported as
+a pass), ``not reached (--max-m N)`` (nothing varied, but the M sweep was cut by ``--max-m``) or
+``error`` (the baseline crashed: a failure of the sweep, never a detection); a pin candidate is
+``invariant``, ``varies`` or ``error``.
+
+Execution: the work is cut into *units* — one unit per (component, case) for the fast kernel
+(its checks share one built batch), one per baseline (its checks stop at the first detection).
+With ``jobs > 1`` the units run in a pool of worker processes (``spawn``; each enters the lane,
+takes its share of the CPU threads and, on a multi-GPU machine, a GPU of its own), so Triton
+compilations and case building, the two large costs of a cold GPU sweep, run in parallel.  The
+verdicts do not depend on ``jobs``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from multiprocessing import get_context
+from typing import Any
 
-from batchinv.harness.checks import FAST, CheckResult, run_check, run_checks
+from batchinv.harness import compile_stats
+from batchinv.harness.checks import FAST, CheckResult, control_results, run_check, run_checks
 from batchinv.harness.lanes import Lane
-from batchinv.harness.registry import INVARIANCE_CHECKS, Baseline, Component
+from batchinv.harness.registry import INVARIANCE_CHECKS, Baseline, Component, m_sweep
 
 
 @dataclass
@@ -34,6 +50,7 @@ class CheckSummary:
     rows_differing: int = 0
     worst_ulp: float | None = None
     worst_abs: float | None = None
+    first_difference: str = ""
     seconds: float = 0.0
     detected_by: list[str] = field(default_factory=list)
 
@@ -57,6 +74,8 @@ class CheckSummary:
             self.passed += 1
         elif r.status == "fail":
             self.failed += 1
+            if not self.first_difference and r.first_difference:
+                self.first_difference = f"{r.first_difference} [{r.case}]"
         elif r.status == "error":
             self.errors += 1
         else:
@@ -85,8 +104,8 @@ class ControlSummary:
 
     @property
     def is_failure(self) -> bool:
-        """A verdict that makes the sweep exit non-zero."""
-        return self.expected_to_vary and self.verdict == "inconclusive"
+        """A verdict that makes the sweep exit non-zero: a crash, or no detection where one is required."""
+        return self.verdict == "error" or (self.expected_to_vary and self.verdict == "inconclusive")
 
 
 @dataclass
@@ -94,10 +113,30 @@ class SweepOutcome:
     checks: list[CheckSummary]
     controls: list[ControlSummary]
     failures: list[CheckResult]
+    wall_seconds: float = 0.0
+    compile: compile_stats.CompileStats = field(default_factory=compile_stats.CompileStats)
+    jobs: int = 1
 
     @property
     def ok(self) -> bool:
         return not self.failures and not any(c.is_failure for c in self.controls)
+
+    def summary(self) -> dict[str, Any]:
+        """The report's closing record (strict-JSON-able through :mod:`strict_json`)."""
+        return {
+            "ok": self.ok,
+            "wall_seconds": self.wall_seconds,
+            "check_seconds": self.check_seconds,
+            "compile": vars(self.compile),
+            "jobs": self.jobs,
+            "checks": [vars(c) for c in self.checks],
+            "controls": [{**vars(c), "is_failure": c.is_failure} for c in self.controls],
+        }
+
+    @property
+    def check_seconds(self) -> float:
+        """Seconds spent in checks, summed over every worker (the fast kernel's and the controls')."""
+        return sum(c.seconds for c in self.checks) + sum(c.seconds for c in self.controls)
 
 
 @dataclass(frozen=True)
@@ -131,6 +170,127 @@ def _invariance_checks(comp: Component) -> tuple[str, ...]:
     return tuple(c for c in comp.applicable_checks() if c in INVARIANCE_CHECKS)
 
 
+@dataclass(frozen=True)
+class Unit:
+    """Work one process does in one go: every check of one case on the fast kernel
+    (``case_index`` set), or a baseline's whole control (``case_index`` None)."""
+
+    component: str
+    subject: str
+    case_index: int | None = None
+
+
+def _units(components: Sequence[Component], lane: Lane, include_baselines: bool) -> list[Unit]:
+    """Baselines first (a control runs its cases one after another, the longest chains), then
+    each case of the fast kernel."""
+    units: list[Unit] = []
+    if include_baselines:
+        units += [Unit(c.name, b.name) for c in components for b in _baselines(c, lane)]
+    units += [Unit(c.name, FAST, i) for c in components for i in range(len(c.cases(lane)))]
+    return units
+
+
+def run_unit(comp: Component, unit: Unit, lane: Lane, m_limit: int | None) -> list[CheckResult]:
+    """The results of one unit, in order (a control ends at its first detection or crash)."""
+    if unit.subject == FAST:
+        assert unit.case_index is not None
+        case = comp.cases(lane)[unit.case_index]
+        return [run_check(comp, FAST, ch, case, lane, m_limit=m_limit) for ch in comp.applicable_checks()]
+    baseline = comp.baseline(unit.subject)
+    if baseline.is_pin_candidate:  # one subprocess for every case; where it varies is the finding
+        return run_checks(comp, baseline.name, "batch_prefix", comp.cases(lane), lane, m_limit=m_limit)
+    return list(control_results(comp, baseline.name, lane, m_limit=m_limit))
+
+
+# --- worker processes -------------------------------------------------------------------------
+
+
+def _worker_init(lane_value: str, threads: int) -> None:
+    """Runs once in each worker: lane first (before triton is imported), threads, GPU, compile stats."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C ends
+    from batchinv.harness.lanes import enter_lane
+
+    lane = Lane(lane_value)
+    enter_lane(lane)
+    import torch
+
+    torch.set_num_threads(threads)
+    if lane.is_gpu and torch.cuda.device_count() > 1:
+        import multiprocessing
+
+        identity = multiprocessing.current_process()._identity  # 1-based worker number
+        torch.cuda.set_device(((identity[0] - 1) if identity else 0) % torch.cuda.device_count())
+    compile_stats.install()
+
+
+def _worker_run(
+    unit: Unit, lane_value: str, m_limit: int | None
+) -> tuple[list[CheckResult], compile_stats.CompileStats]:
+    from batchinv.harness.registry import get
+
+    before = compile_stats.snapshot()
+    results = run_unit(get(unit.component), unit, Lane(lane_value), m_limit)
+    return results, compile_stats.snapshot() - before
+
+
+def default_jobs() -> int:
+    """Worker processes for ``--jobs auto``: one per core, at most 12 (beyond that the GPU and
+    the Triton cache's disk are the bottleneck)."""
+    return max(1, min(12, os.cpu_count() or 1))
+
+
+def _execute(
+    comps: dict[str, Component],
+    units: list[Unit],
+    lane: Lane,
+    m_limit: int | None,
+    jobs: int,
+) -> Iterable[tuple[Unit, list[CheckResult], compile_stats.CompileStats]]:
+    """Yield each unit's results as it completes (in order when ``jobs == 1``)."""
+    if jobs <= 1:
+        compile_stats.install()
+        for unit in units:
+            before = compile_stats.snapshot()
+            results = run_unit(comps[unit.component], unit, lane, m_limit)
+            yield unit, results, compile_stats.snapshot() - before
+        return
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    pool = ProcessPoolExecutor(
+        max_workers=jobs,
+        mp_context=get_context("spawn"),
+        initializer=_worker_init,
+        initargs=(lane.value, threads),
+    )
+    pending: dict[Future[Any], Unit] = {}
+    try:
+        for unit in units:
+            pending[pool.submit(_worker_run, unit, lane.value, m_limit)] = unit
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                unit = pending.pop(fut)
+                results, stats = fut.result()
+                yield unit, results, stats
+    finally:
+        for fut in pending:
+            fut.cancel()
+        if pending:  # interrupted: end the workers now instead of waiting for their units
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.terminate()
+        pool.shutdown(wait=not pending, cancel_futures=True)
+
+
+def _check_registered(components: Sequence[Component]) -> None:
+    from batchinv.harness.registry import COMPONENT_MODULES, get
+
+    for comp in components:
+        if comp.name not in COMPONENT_MODULES or get(comp.name) is not comp:
+            raise ValueError(
+                f"jobs > 1 runs registered components only (workers look them up by name); "
+                f"{comp.name!r} is not the registered one: use jobs=1"
+            )
+
+
 def run_sweep(
     components: Sequence[Component],
     lane: Lane,
@@ -139,66 +299,85 @@ def run_sweep(
     on_skip: Callable[[int], None] = lambda n: None,
     m_limit: int | None = None,
     include_baselines: bool = True,
+    jobs: int = 1,
 ) -> SweepOutcome:
     """Run the sweep; ``on_result`` sees every result as it is made, ``on_skip`` is told how many
-    planned tasks a detected negative control made unnecessary (for the progress bar)."""
+    planned tasks a detected negative control made unnecessary (for the progress bar).
+
+    ``jobs > 1`` runs the units in that many worker processes (registered components only).
+    Raises ``KeyboardInterrupt`` through after ending the workers.
+    """
+    start = time.perf_counter()
+    comps = [c for c in components if lane in c.lanes]
+    if jobs > 1:
+        _check_registered(comps)
+    by_name = {c.name: c for c in comps}
     checks: dict[tuple[str, str], CheckSummary] = {}
-    controls: list[ControlSummary] = []
-    failures: list[CheckResult] = []
-    for comp in components:
-        if lane not in comp.lanes:
-            continue
-        cases = list(comp.cases(lane))
+    controls: dict[tuple[str, str], ControlSummary] = {}
+    for comp in comps:
         for ch in comp.applicable_checks():
             checks[(comp.name, ch)] = CheckSummary(comp.name, ch)
-        for case in cases:
-            for ch in comp.applicable_checks():
-                r = run_check(comp, FAST, ch, case, lane, m_limit=m_limit)
+        if include_baselines:
+            for b in _baselines(comp, lane):
+                controls[(comp.name, b.name)] = ControlSummary(
+                    comp.name, b.name, b.is_pin_candidate, lane in b.expected_to_vary_on
+                )
+    failures: list[CheckResult] = []
+    stats = compile_stats.CompileStats()
+    cut = m_limit is not None and m_limit < max(m_sweep(lane))
+    for unit, results, unit_stats in _execute(
+        by_name, _units(comps, lane, include_baselines), lane, m_limit, jobs
+    ):
+        stats = stats + unit_stats
+        comp = by_name[unit.component]
+        if unit.subject == FAST:
+            for r in results:
                 on_result(r)
-                checks[(comp.name, ch)].add(r)
+                checks[(comp.name, r.check)].add(r)
                 if r.status in ("fail", "error"):
                     failures.append(r)
-        if not include_baselines:
             continue
-        for b in _baselines(comp, lane):
-            ctrl = ControlSummary(comp.name, b.name, b.is_pin_candidate, lane in b.expected_to_vary_on)
-            controls.append(ctrl)
-            b_checks = ("batch_prefix",) if b.is_pin_candidate else _invariance_checks(comp)
-            planned = len(cases) * len(b_checks)
-            done = 0
-            wheres: list[str] = []
-            if b.is_pin_candidate:  # one subprocess for every case; where it varies is the finding
-                ch = b_checks[0]
-                candidate_results = {
-                    c.id: r
-                    for c, r in zip(
-                        cases, run_checks(comp, b.name, ch, cases, lane, m_limit=m_limit), strict=True
-                    )
-                }
-            for case in cases:
-                for ch in b_checks:
-                    if b.is_pin_candidate:
-                        r = candidate_results[case.id]
-                    else:
-                        r = run_check(comp, b.name, ch, case, lane, m_limit=m_limit)
-                    done += 1
-                    on_result(r)
-                    ctrl.seconds += r.seconds
-                    ctrl.cases += 1
-                    if r.status == "fail":
-                        checks[(comp.name, ch)].detected_by.append(b.name)
-                        wheres.append(f"{ch} [{case.id}] {', '.join(r.where[:4])}")
-                        if ctrl.verdict != "varies":
-                            ctrl.detail, ctrl.repro = r.detail, r.repro
-                        ctrl.verdict = "varies" if b.is_pin_candidate else "detected"
-                    elif r.status == "error" and ctrl.verdict == "inconclusive":
-                        ctrl.verdict, ctrl.detail, ctrl.repro = "error", r.detail, r.repro
-                    if ctrl.verdict == "detected":
-                        break
-                if ctrl.verdict == "detected":
-                    break
-            on_skip(planned - done)
-            if b.is_pin_candidate and ctrl.verdict == "inconclusive":
+        baseline = comp.baseline(unit.subject)
+        ctrl = controls[(comp.name, baseline.name)]
+        planned = len(comp.cases(lane)) * (1 if baseline.is_pin_candidate else len(_invariance_checks(comp)))
+        _fold_control(ctrl, baseline, results, checks, on_result)
+        on_skip(planned - len(results))
+        if ctrl.verdict == "inconclusive":
+            if baseline.is_pin_candidate:
                 ctrl.verdict = "invariant"
-            ctrl.where = "; ".join(wheres[:3]) + (f" (+{len(wheres) - 3} more)" if len(wheres) > 3 else "")
-    return SweepOutcome(list(checks.values()), controls, failures)
+            elif cut:
+                ctrl.verdict = f"not reached (--max-m {m_limit})"
+    return SweepOutcome(
+        list(checks.values()),
+        list(controls.values()),
+        failures,
+        wall_seconds=time.perf_counter() - start,
+        compile=stats,
+        jobs=jobs,
+    )
+
+
+def _fold_control(
+    ctrl: ControlSummary,
+    baseline: Baseline,
+    results: list[CheckResult],
+    checks: dict[tuple[str, str], CheckSummary],
+    on_result: Callable[[CheckResult], None],
+) -> None:
+    """A control's verdict from its results: a crash is ``error`` whatever else happened."""
+    wheres: list[str] = []
+    for r in results:
+        on_result(r)
+        ctrl.seconds += r.seconds
+        ctrl.cases += 1
+        if r.status == "fail":
+            checks[(r.component, r.check)].detected_by.append(baseline.name)
+            wheres.append(f"{r.check} [{r.case}] {', '.join(r.where[:4])}")
+            if ctrl.verdict == "inconclusive":
+                ctrl.detail, ctrl.repro = r.detail, r.repro
+                ctrl.verdict = "varies" if baseline.is_pin_candidate else "detected"
+        elif r.status == "error" and ctrl.verdict != "error":
+            ctrl.verdict = "error"
+            ctrl.detail = f"the baseline crashed in {r.check} [{r.case}]: {r.detail}"
+            ctrl.repro = r.repro
+    ctrl.where = "; ".join(wheres[:3]) + (f" (+{len(wheres) - 3} more)" if len(wheres) > 3 else "")
