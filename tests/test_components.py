@@ -45,7 +45,9 @@ def _control_params():
             marks = [LANE_MARK, pytest.mark.negative_control]
             if LANE in b.expected_to_vary_on:
                 marks.append(
-                    pytest.mark.xfail(strict=True, raises=VarianceDetected, reason=f"unpinned baseline: {b.why}")
+                    pytest.mark.xfail(
+                        strict=True, raises=VarianceDetected, reason=f"unpinned baseline: {b.why}"
+                    )
                 )
             else:
                 marks.append(

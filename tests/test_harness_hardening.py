@@ -119,7 +119,7 @@ def test_pytest_negative_controls_fail_on_a_crash_and_on_no_variance(tmp_path):
     """The strict xfail of tests/test_components.py, on planted baselines, in a real pytest run."""
     (tmp_path / "test_planted.py").write_text(
         textwrap.dedent(
-            f"""
+            """
             import pytest, torch
             from batchinv.harness.checks import negative_control
             from batchinv.harness.invariance import VarianceDetected
@@ -128,7 +128,7 @@ def test_pytest_negative_controls_fail_on_a_crash_and_on_no_variance(tmp_path):
 
             def build(case, device):
                 g = torch.Generator().manual_seed(case.seed)
-                return Batch({{"x": torch.randn(40, 8, generator=g)}})
+                return Batch({"x": torch.randn(40, 8, generator=g)})
 
             def crashes(x):
                 raise RuntimeError("planted crash")
@@ -140,7 +140,7 @@ def test_pytest_negative_controls_fail_on_a_crash_and_on_no_variance(tmp_path):
                 name="toy", summary="", reference=lambda x: x * 2.0, fast=lambda x: x * 2.0,
                 baselines=(Baseline("crashes", crashes, ""), Baseline("never_varies", lambda x: x * 2.0, ""),
                            Baseline("varies", varies, "")),
-                cases=lambda lane: [Case("toy", {{}}, 0)], build=build,
+                cases=lambda lane: [Case("toy", {}, 0)], build=build,
             )
 
             @pytest.mark.xfail(strict=True, raises=VarianceDetected)
