@@ -8,7 +8,7 @@ report header.  A run opts in with any of
 * the ini key ``batchinv = true`` (``[tool.pytest.ini_options]``, ``pytest.ini``, ``tox.ini``,
   ``setup.cfg``, or ``-o batchinv=true``); this project sets it in its ``pyproject.toml``, and
   xdist workers read the same ini file;
-* ``--batchinv``, ``--lane LANE`` or ``--run-slow`` on the command line (or in
+* ``--batchinv``, ``--lane LANE`` or ``--batchinv-run-slow`` on the command line (or in
   ``addopts`` / ``PYTEST_ADDOPTS``).
 
 These signals are all known before any conftest or test module is imported, which is when the
@@ -31,12 +31,17 @@ In a run that opts in, the plugin
 * skips at collection, with a reason, every test whose lane markers exclude this lane: ``cpu``
   runs on the cpu lane; ``gpu`` on any GPU lane; ``sm90`` / ``sm100`` on that lane only.  A test
   with none of them is host-only code and runs on every lane.  ``slow`` tests run only with
-  ``--run-slow``;
+  ``--batchinv-run-slow``;
 * under pytest-xdist on a machine with several GPUs, gives each worker its own GPU;
 * loads a Hypothesis profile: ``ci`` (derandomized, no deadline) when ``CI`` is set, ``dev``
   (random, no deadline) otherwise, ``$BATCHINV_HYPOTHESIS_PROFILE`` to choose;
   ``--hypothesis-profile`` still wins;
 * prints the lane in the report header.
+
+Options are registered in every run, so their names must not collide with another project's
+conftest (argparse refuses a second ``--run-slow``, a name many conftests add): hence
+``--batchinv-run-slow``, and ``dest`` names prefixed ``batchinv``.  ``--lane`` keeps the CLI's
+name; a project whose conftest adds its own ``--lane`` cannot run with batchinv installed.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ MARKERS = {
     "sm90": "runs on the sm90 lane (Hopper)",
     "sm100": "runs on the sm100 lane (Blackwell)",
     "negative_control": "a check run against an unpinned baseline; it must fail (strict xfail)",
-    "slow": "long-running; needs --run-slow",
+    "slow": "long-running; needs --batchinv-run-slow",
 }
 INI_KEY = "batchinv"
 OPT_IN_HINT = "set `batchinv = true` in the pytest ini file, or pass --batchinv or --lane"
@@ -81,10 +86,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="force a batchinv lane (default: detect); enables the plugin",
     )
     group.addoption(
-        "--run-slow",
+        "--batchinv-run-slow",
         action="store_true",
         default=False,
-        dest="run_slow",
+        dest="batchinv_run_slow",
         help="run tests marked slow; enables the plugin",
     )
     parser.addini(
@@ -102,7 +107,7 @@ def opted_in(config: pytest.Config) -> bool:
         config.getini(INI_KEY)
         or getattr(ns, "batchinv", False)
         or getattr(ns, "batchinv_lane", None)
-        or getattr(ns, "run_slow", False)
+        or getattr(ns, "batchinv_run_slow", False)
     )
 
 
@@ -203,14 +208,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not _enabled(config):
         return
     lane = current_lane()
-    run_slow = config.getoption("run_slow")
+    run_slow = config.getoption("batchinv_run_slow")
     for item in items:
         names = {m.name for m in item.iter_markers()}
         reason = lane_skip_reason(names, lane)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
         elif "slow" in names and not run_slow:
-            item.add_marker(pytest.mark.skip(reason="slow: needs --run-slow"))
+            item.add_marker(pytest.mark.skip(reason="slow: needs --batchinv-run-slow"))
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

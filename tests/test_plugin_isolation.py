@@ -1,7 +1,7 @@
 """The installed pytest plugin stays out of other projects unless the run opts in.
 
 Each test writes a throwaway project (its own ``pytest.ini`` registering its own ``slow``, ``gpu``
-and ``cpu`` markers, ``--strict-markers``) under ``tmp_path`` and runs ``python -m pytest`` on it
+and ``cpu`` markers, ``--strict-markers``, a conftest adding its own ``--run-slow``) under ``tmp_path`` and runs ``python -m pytest`` on it
 in a subprocess, in an environment stripped of ``CI``, ``TRITON_INTERPRET``, ``BATCHINV_*``,
 ``HYPOTHESIS_*`` and ``PYTEST_*``.  The batchinv plugin is loaded there through its ``pytest11``
 entry point (the project's record says so), so these tests go red if it acts without the opt-in.
@@ -24,9 +24,25 @@ FOREIGN_INI = """\
 [pytest]
 addopts = --strict-markers
 markers =
-    slow: this project's slow tests (it runs them by default)
+    slow: this project's slow tests (they run with its own --run-slow)
     gpu: this project's GPU tests (they run on the CPU here)
     cpu: this project's CPU tests
+"""
+
+# The common conftest pattern: batchinv must not register an option of the same name.
+FOREIGN_CONFTEST = """\
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False, help="run slow tests")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--run-slow"):
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason="their own --run-slow is off"))
 """
 
 FOREIGN_TESTS = """\
@@ -85,6 +101,7 @@ def _clean_env() -> dict[str, str]:
 def _project(root: Path, ini_extra: str = "", tests: str = FOREIGN_TESTS) -> Path:
     root.mkdir()
     (root / "pytest.ini").write_text(FOREIGN_INI + ini_extra)
+    (root / "conftest.py").write_text(FOREIGN_CONFTEST)
     (root / "test_theirs.py").write_text(tests)
     return root
 
@@ -116,10 +133,10 @@ def _run(
 
 def test_without_the_opt_in_the_plugin_leaves_env_profile_and_outcomes_alone(tmp_path):
     project = _project(tmp_path / "theirs")
-    proc, outcomes, record = _run(project)
+    proc, outcomes, record = _run(project, "--run-slow")
     log = proc.stdout + proc.stderr
-    assert record.get("batchinv_loaded") is True, f"the plugin did not load, so this proves nothing\n{log}"
     assert proc.returncode == 0, log
+    assert record["batchinv_loaded"] is True, "the plugin did not load, so this run proves nothing"
     assert outcomes == dict.fromkeys(ALL_TESTS, "passed"), log
     assert record["env"] == {"TRITON_INTERPRET": None, "BATCHINV_LANE": None}
     assert (record["profile"], record["no_deadline"], record["dev_registered"]) == ("default", False, False)
@@ -127,7 +144,7 @@ def test_without_the_opt_in_the_plugin_leaves_env_profile_and_outcomes_alone(tmp
     assert "batchinv lane" not in proc.stdout, "a report header without the opt-in"
 
     # The same project with the plugin blocked gives the same outcomes and the same record.
-    blocked, blocked_outcomes, blocked_record = _run(project, "-p", "no:batchinv")
+    blocked, blocked_outcomes, blocked_record = _run(project, "--run-slow", "-p", "no:batchinv")
     assert blocked.returncode == 0, blocked.stdout + blocked.stderr
     assert blocked_outcomes == outcomes
     assert blocked_record == {**record, "batchinv_loaded": False}
@@ -160,13 +177,13 @@ def _assert_batchinv_acted(
 
 def test_the_ini_key_opts_in_in_every_xdist_worker(tmp_path):
     project = _project(tmp_path / "theirs", ini_extra="batchinv = true\n")
-    proc, outcomes, record = _run(project, "-n", "2")
+    proc, outcomes, record = _run(project, "--run-slow", "-n", "2")
     _assert_batchinv_acted(proc, outcomes, record)
 
 
 def test_the_batchinv_option_opts_in(tmp_path):
     project = _project(tmp_path / "theirs")
-    proc, outcomes, record = _run(project, "--batchinv")
+    proc, outcomes, record = _run(project, "--run-slow", "--batchinv")
     _assert_batchinv_acted(proc, outcomes, record)
     assert f"batchinv lane: {record['env']['BATCHINV_LANE']}" in proc.stdout
 
