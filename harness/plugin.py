@@ -1,17 +1,47 @@
 """The batchinv pytest plugin (registered through the ``pytest11`` entry point).
 
-* Registers the markers ``cpu``, ``gpu``, ``sm90``, ``sm100``, ``negative_control``, ``slow``
-  (the project runs with ``--strict-markers``).
-* Detects the lane from the hardware (``--lane`` forces one) and enters it before any conftest
+Installed, the plugin loads in every pytest run of that environment, so it acts only when the
+run **opts in**; otherwise it registers its command-line options and ini key and does nothing
+else: no environment variables, no Hypothesis profile, no markers, no skips, no CUDA device, no
+report header.  A run opts in with any of
+
+* the ini key ``batchinv = true`` (``[tool.pytest.ini_options]``, ``pytest.ini``, ``tox.ini``,
+  ``setup.cfg``, or ``-o batchinv=true``); this project sets it in its ``pyproject.toml``, and
+  xdist workers read the same ini file;
+* ``--batchinv``, ``--lane LANE`` or ``--batchinv-run-slow`` on the command line (or in
+  ``addopts`` / ``PYTEST_ADDOPTS``).
+
+These signals are all known before any conftest or test module is imported, which is when the
+cpu lane has to be entered.  Markers are not a signal: their names (``slow``, ``gpu``, ``cpu``)
+are the ones every project uses, so a marker cannot be told to be batchinv's, and without the
+opt-in the plugin neither registers nor reads them (another project's ``slow`` and ``gpu`` tests
+run as they would without batchinv; under ``--strict-markers`` an unregistered one still errors).
+The fixtures are batchinv's own: a test that uses ``lane`` or ``device`` in a run that did not
+opt in enters the lane when the fixture is first set up.  That is late, after collection
+imported the test modules: on the cpu lane it fails with a ``RuntimeError`` naming the opt-in if
+triton was already imported without ``TRITON_INTERPRET=1``.
+
+In a run that opts in, the plugin
+
+* registers the markers ``cpu``, ``gpu``, ``sm90``, ``sm100``, ``negative_control``, ``slow``
+  (the project runs with ``--strict-markers``);
+* detects the lane from the hardware (``--lane`` forces one) and enters it before any conftest
   or test module is imported, so ``TRITON_INTERPRET=1`` is in place before triton loads on the
-  cpu lane.
-* Skips at collection, with a reason, every test whose lane markers exclude this lane: ``cpu``
+  cpu lane; if something imported triton before the plugin ran, the run stops with a usage error;
+* skips at collection, with a reason, every test whose lane markers exclude this lane: ``cpu``
   runs on the cpu lane; ``gpu`` on any GPU lane; ``sm90`` / ``sm100`` on that lane only.  A test
   with none of them is host-only code and runs on every lane.  ``slow`` tests run only with
-  ``--run-slow``.
-* Under pytest-xdist on a machine with several GPUs, each worker takes its own GPU.
-* Hypothesis profiles: ``ci`` (derandomized, no deadline), loaded when ``CI`` is set;
-  ``dev`` (random, no deadline) otherwise; ``--hypothesis-profile`` still wins.
+  ``--batchinv-run-slow``;
+* under pytest-xdist on a machine with several GPUs, gives each worker its own GPU;
+* loads a Hypothesis profile: ``ci`` (derandomized, no deadline) when ``CI`` is set, ``dev``
+  (random, no deadline) otherwise, ``$BATCHINV_HYPOTHESIS_PROFILE`` to choose;
+  ``--hypothesis-profile`` still wins;
+* prints the lane in the report header.
+
+Options are registered in every run, so their names must not collide with another project's
+conftest (argparse refuses a second ``--run-slow``, a name many conftests add): hence
+``--batchinv-run-slow``, and ``dest`` names prefixed ``batchinv``.  ``--lane`` keeps the CLI's
+name; a project whose conftest adds its own ``--lane`` cannot run with batchinv installed.
 """
 
 from __future__ import annotations
@@ -30,18 +60,59 @@ MARKERS = {
     "sm90": "runs on the sm90 lane (Hopper)",
     "sm100": "runs on the sm100 lane (Blackwell)",
     "negative_control": "a check run against an unpinned baseline; it must fail (strict xfail)",
-    "slow": "long-running; needs --run-slow",
+    "slow": "long-running; needs --batchinv-run-slow",
 }
+INI_KEY = "batchinv"
+OPT_IN_HINT = "set `batchinv = true` in the pytest ini file, or pass --batchinv or --lane"
 
 _LANE: Lane | None = None
+_ENABLED = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("batchinv")
     group.addoption(
-        "--lane", choices=[lane.value for lane in Lane], default=None, help="force a lane (default: detect)"
+        "--batchinv",
+        action="store_true",
+        default=False,
+        dest="batchinv",
+        help="enable the batchinv plugin for this run (as the ini key `batchinv = true` does)",
     )
-    group.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
+    group.addoption(
+        "--lane",
+        choices=[lane.value for lane in Lane],
+        default=None,
+        dest="batchinv_lane",
+        help="force a batchinv lane (default: detect); enables the plugin",
+    )
+    group.addoption(
+        "--batchinv-run-slow",
+        action="store_true",
+        default=False,
+        dest="batchinv_run_slow",
+        help="run tests marked slow; enables the plugin",
+    )
+    parser.addini(
+        INI_KEY,
+        type="bool",
+        default=False,
+        help="enable the batchinv plugin: enter the lane, skip by lane markers, Hypothesis profiles",
+    )
+
+
+def opted_in(config: pytest.Config) -> bool:
+    """Whether this run opted in to the plugin (ini key or a batchinv option)."""
+    ns = config.known_args_namespace
+    return bool(
+        config.getini(INI_KEY)
+        or getattr(ns, "batchinv", False)
+        or getattr(ns, "batchinv_lane", None)
+        or getattr(ns, "batchinv_run_slow", False)
+    )
+
+
+def _enabled(config: pytest.Config) -> bool:
+    return config.stash.get(_ENABLED, False)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -49,9 +120,20 @@ def pytest_load_initial_conftests(
     early_config: pytest.Config, parser: pytest.Parser, args: list[str]
 ) -> None:
     global _LANE
-    forced = getattr(early_config.known_args_namespace, "lane", None)
+    _LANE = None
+    enabled = opted_in(early_config)
+    early_config.stash[_ENABLED] = enabled
+    if not enabled:
+        return
+    forced = early_config.known_args_namespace.batchinv_lane
     _LANE = parse_lane(forced) if forced else detect_lane()
-    enter_lane(_LANE)
+    try:
+        enter_lane(_LANE)
+    except RuntimeError as exc:
+        raise pytest.UsageError(
+            f"batchinv: {exc} (by a plugin or sitecustomize loaded before batchinv); "
+            "set TRITON_INTERPRET=1 in the environment"
+        ) from None
 
 
 def current_lane() -> Lane:
@@ -59,7 +141,26 @@ def current_lane() -> Lane:
     return _LANE if _LANE is not None else detect_lane()
 
 
+def _enter_late() -> Lane:
+    """Enter the lane for a fixture used in a run that did not opt in."""
+    global _LANE
+    if _LANE is None:
+        lane = detect_lane()
+        try:
+            enter_lane(lane)
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"{exc}.  batchinv is not enabled for this run, so the lane was entered only when "
+                "a test first used its `lane` or `device` fixture, after the test modules were "
+                f"imported.  To enter it before anything imports triton, {OPT_IN_HINT}."
+            ) from None
+        _LANE = lane
+    return _LANE
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if not _enabled(config):
+        return
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
     _hypothesis_profiles()
@@ -104,18 +205,22 @@ def lane_skip_reason(markers: set[str], lane: Lane) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not _enabled(config):
+        return
     lane = current_lane()
-    run_slow = config.getoption("--run-slow")
+    run_slow = config.getoption("batchinv_run_slow")
     for item in items:
         names = {m.name for m in item.iter_markers()}
         reason = lane_skip_reason(names, lane)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
         elif "slow" in names and not run_slow:
-            item.add_marker(pytest.mark.skip(reason="slow: needs --run-slow"))
+            item.add_marker(pytest.mark.skip(reason="slow: needs --batchinv-run-slow"))
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if not _enabled(config):
+        return None
     lane = current_lane()
     text = f"batchinv lane: {lane.value}"
     if lane is Lane.CPU:
@@ -124,9 +229,9 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 @pytest.fixture(scope="session")
-def lane() -> Lane:
-    """The lane of this session."""
-    return current_lane()
+def lane(pytestconfig: pytest.Config) -> Lane:
+    """The lane of this session (entered on first use if the run did not opt in)."""
+    return current_lane() if _enabled(pytestconfig) else _enter_late()
 
 
 @pytest.fixture(scope="session")
