@@ -152,7 +152,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         table.add_column(
             col, justify="right" if col in ("rows differing", "worst ULP", "cases", "seconds") else "left"
         )
-    style = {"pass": "green", "fail": "red", "error": "red", "skip": "dim"}
+    style = {"pass": "green", "fail": "red", "error": "red", "skip": "dim", "reference path": "yellow"}
     for c in outcome.checks:
         if c.check == "agreement":
             nc = "n/a"
@@ -161,8 +161,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         else:
             nc = "-"
         status = f"[{style[c.status]}]{c.status}[/]"
-        if c.status != "pass" and c.cases:
+        if c.status in ("fail", "error") and c.cases:
             status += f" ({c.failed + c.errors}/{c.cases})"
+        if c.reference_path and c.status != "reference path":
+            status += f" [yellow]({c.reference_path} reference path)[/]"
         table.add_row(
             c.component,
             c.check,
@@ -239,7 +241,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
         print("  where: " + ", ".join(r.where))
     if r.detail:
         print(f"  {r.detail}")
-    return 0 if r.status in ("pass", "skip") else 1
+    return 0 if r.status in ("pass", "skip", "reference path") else 1
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -5,7 +5,8 @@ the fast kernel; then the negative controls: each baseline's invariance checks, 
 first one that detects variance (a detection is all a negative control needs).  Pin candidates
 run their batch-prefix check on every case, since where they vary is the finding.
 
-Verdicts: a fast check is ``pass``/``fail``/``error``; a negative control is ``detected``
+Verdicts: a fast check is ``pass``/``fail``/``error``, or ``reference path`` where the fast
+callable ran the reference instead of its kernel (counted apart from the passes, not a failure); a negative control is ``detected``
 (some check failed on the baseline, as it must), ``inconclusive`` (nothing failed: the harness
 could not tell this baseline from a pinned kernel here — never reported as a pass) or ``error``;
 a pin candidate is ``invariant``, ``varies`` or ``error``.
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from batchinv.harness.checks import FAST, CheckResult, run_check, run_checks
+from batchinv.harness.checks import FAST, REFERENCE_PATH, CheckResult, run_check, run_checks
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import INVARIANCE_CHECKS, Baseline, Component
 
@@ -31,6 +32,7 @@ class CheckSummary:
     failed: int = 0
     errors: int = 0
     skipped: int = 0
+    reference_path: int = 0  # cases where fast ran the reference, not its kernel (no failure)
     rows_differing: int = 0
     worst_ulp: float | None = None
     worst_abs: float | None = None
@@ -39,7 +41,7 @@ class CheckSummary:
 
     @property
     def cases(self) -> int:
-        return self.passed + self.failed + self.errors
+        return self.passed + self.failed + self.errors + self.reference_path
 
     @property
     def status(self) -> str:
@@ -49,6 +51,8 @@ class CheckSummary:
             return "fail"
         if self.passed:
             return "pass"
+        if self.reference_path:
+            return REFERENCE_PATH
         return "skip"
 
     def add(self, r: CheckResult) -> None:
@@ -59,6 +63,8 @@ class CheckSummary:
             self.failed += 1
         elif r.status == "error":
             self.errors += 1
+        elif r.status == REFERENCE_PATH:
+            self.reference_path += 1
         else:
             self.skipped += 1
         self.rows_differing += r.rows_differing if r.status == "fail" else 0
