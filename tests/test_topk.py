@@ -501,6 +501,7 @@ def test_error_cases_cover_the_issue_list(device):
         "k_zero",
         "row_end_before_row_start",
         "row_ends_on_meta",
+        "all_on_meta",
     ):
         assert needed in names
 

@@ -376,6 +376,12 @@ def error_cases(device: torch.device) -> Sequence[ErrorCase]:
             r"'row_ends'.*row_end >= row_start.*row 2.*-1",
         ),
         ErrorCase("row_ends_on_meta", {**ok, "row_ends": ends.to(meta)}, DeviceError, r"'row_ends'.*meta"),
+        ErrorCase(
+            "all_on_meta",
+            {"scores": scores.to(meta), "row_starts": starts.to(meta), "row_ends": ends.to(meta), "k": 512},
+            DeviceError,
+            r"'scores'.*meta",
+        ),
     ]
     if device.type == "cuda":  # the GPU path refuses host tensors (the reference accepts them)
         host = {"scores": scores.cpu(), "row_starts": starts.cpu(), "row_ends": ends.cpu(), "k": 512}
