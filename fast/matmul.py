@@ -124,10 +124,11 @@ def matmul(
         Unsupported dtype or dtype mix (argument named); ``out`` not a tensor.
     ArgumentError
         Non-2-D operands, mismatched K, bad ``bias`` shape, ``layout``, ``precision``,
-        ``num_sms``; ``out`` of the wrong shape, dtype or device, sharing storage with an
-        input, with overlapping elements, or with the negative bit set.
+        ``num_sms``; ``out`` of the wrong shape, dtype or device, requiring grad, sharing
+        storage with an input, with overlapping elements, or with the negative bit set.
     DeviceError
-        Operands on different devices, or CPU tensors without the Triton interpreter.
+        Operands on different devices, on the meta device, or CPU tensors without the Triton
+        interpreter.
 
     Source
     ------
@@ -176,13 +177,21 @@ def check_out(
     DTypeError
         ``out`` is not a tensor.
     ArgumentError
-        Wrong shape, dtype or device; the negative or conjugate bit set (the kernel writes raw
-        memory); elements that overlap (an expanded view: tiles would race on them); the same
+        Wrong shape, dtype or device; ``requires_grad`` set (the kernel writes it outside
+        autograd; ``torch.mm(out=)`` refuses it too); the negative or conjugate bit set (the
+        kernel writes raw memory); elements that overlap (an expanded view: tiles would race on them); the same
         storage as one of ``inputs`` (tiles would read values other tiles already wrote).  The
         storage test is conservative: disjoint slices of one buffer are refused too.
     """
     check_tensor("out", out)
     assert isinstance(out, torch.Tensor)
+    if out.requires_grad:
+        raise ArgumentError(
+            "out",
+            "a tensor that does not require grad (the kernel writes it outside autograd; "
+            "torch.mm(out=) refuses it too)",
+            "a tensor with requires_grad=True",
+        )
     if tuple(out.shape) != (args.m, args.n) or out.dtype != args.out_dtype or out.device != device:
         raise ArgumentError(
             "out",

@@ -124,7 +124,8 @@ def topk(scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
             ``[1, 2**31 - 1]``, a row with ``row_end < row_start`` (not checked while a CUDA
             graph is captured: the check reads the bounds; there an inverted window selects
             nothing).
-        DeviceError: bounds on another device than ``scores``; a non-CUDA tensor on the GPU path.
+        DeviceError: bounds on another device than ``scores``; a tensor on the meta device; a
+            non-CUDA tensor on the GPU path.
 
     Source:
         Seed write-up 003: one program per row, the row register-resident, a 32-step binary

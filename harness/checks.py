@@ -15,8 +15,8 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ from batchinv.harness.compare import compare_bitwise, compare_tolerance
 from batchinv.harness.lanes import Lane, lane_device
 from batchinv.harness.registry import (
     INVARIANCE_CHECKS,
+    ROW_OFFSET_RANDOM,
     ROW_OFFSETS,
     Batch,
     Case,
@@ -38,13 +39,19 @@ from batchinv.harness.registry import (
 )
 
 FAST = "fast"
+#: The status of a check of ``fast`` in which some launch ran the reference instead of the
+#: kernel (outside its envelope, ``Component.fast_path``): what agreed or stayed invariant
+#: there was the reference, not the kernel, so it is never counted as a kernel ``pass``.
+REFERENCE_PATH = "reference path"
 
 
 @dataclass
 class CheckResult:
     """One row of the report: a check of one subject (fast or a baseline) on one case.
 
-    ``status`` is ``pass``, ``fail``, ``error`` (the check crashed) or ``skip``.
+    ``status`` is ``pass``, ``fail``, ``error`` (the check crashed), ``skip``, or
+    ``reference path`` (:data:`REFERENCE_PATH`: no failure, but some launch of ``fast`` ran the
+    reference; agreement there is checked against the component's oracle).
     """
 
     component: str
@@ -152,12 +159,18 @@ def _run(
     device = torch.device(lane_device(lane))
     batch = built(component, case, device)
     impl = _impl(component, subject)
+    launches = _Launches(component.fast_path if subject == FAST else None)
 
     def call(b: Batch) -> Outputs:
+        launches.note(b)
         return as_outputs(impl(**b.kwargs()))
 
     if check == "agreement":
-        _agreement(component, batch, call(batch), result)
+        fast_out = call(batch)
+        if launches.reference:
+            _oracle_agreement(component, batch, fast_out, result)
+        else:
+            _agreement(component, batch, fast_out, result)
         return
     generator = torch.Generator().manual_seed(case.seed + 1_000_003)
     if check == "batch_prefix":
@@ -173,7 +186,8 @@ def _run(
         if component.shift_row_start is None:
             result.status, result.detail = "skip", "no row window"
             return
-        offsets = (*ROW_OFFSETS, int(torch.randint(34, 300, (1,), generator=generator)))
+        low, high = ROW_OFFSET_RANDOM
+        offsets = (*ROW_OFFSETS, int(torch.randint(low, high, (1,), generator=generator)))
         driver = invariance.row_start(call, batch, component.shift_row_start, offsets, generator)
     elif check == "partition":
         arg = component.partition_arg
@@ -183,6 +197,7 @@ def _run(
             return
 
         def call_with(b: Batch, count: int | None) -> Outputs:
+            launches.note(b)
             kwargs = b.kwargs()
             if count is not None:
                 kwargs[arg] = count
@@ -206,6 +221,53 @@ def _run(
     result.where = driver.where
     result.first_difference = driver.first_difference
     result.detail = driver.detail
+    launches.mark(result)
+
+
+@dataclass
+class _Launches:
+    """Which launches of ``fast`` ran its kernel and which the reference (``Component.fast_path``;
+    None: every launch runs the kernel, or the subject is a baseline)."""
+
+    fast_path: Callable[[Batch], bool] | None
+    kernel: int = 0
+    reference: int = 0
+
+    def note(self, batch: Batch) -> None:
+        if self.fast_path is None:
+            return
+        if self.fast_path(batch):
+            self.kernel += 1
+        else:
+            self.reference += 1
+
+    def mark(self, result: CheckResult) -> None:
+        """A pass becomes ``reference path`` when any launch ran the reference (an invariance
+        check comparing the kernel with the reference, or the reference with itself, says
+        nothing of the kernel's invariance); a failure stays a failure."""
+        if not self.reference:
+            return
+        what = (
+            f"{self.reference} of {self.kernel + self.reference} launches ran the reference "
+            "(outside the fast path)"
+        )
+        if result.status == "pass":
+            result.status = REFERENCE_PATH
+            result.detail = f"{what}; {result.detail}" if result.detail else what
+        elif result.status == "fail":
+            result.detail = f"{result.detail} [{what}]"
+
+
+def _oracle_agreement(component: Component, batch: Batch, fast_out: Outputs, result: CheckResult) -> None:
+    """Agreement of a batch ``fast`` sent to the reference: compared with the independent oracle
+    (the reference would be compared with itself); ``reference path`` if it agrees."""
+    if component.oracle is None:  # Component requires one with fast_path; a guard for mypy
+        raise ValueError(f"component {component.name!r} declares fast_path without an oracle")
+    _agreement(replace(component, reference=component.oracle), batch, fast_out, result)
+    if result.status == "pass":
+        result.status = REFERENCE_PATH
+    detail = result.detail.replace("the reference", "the oracle")
+    result.detail = f"fast ran the reference (outside the fast path), compared with the oracle: {detail}"
 
 
 def _agreement(component: Component, batch: Batch, fast_out: Outputs, result: CheckResult) -> None:

@@ -228,7 +228,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
         print(f"  first difference: {r.first_difference}")
     if r.detail:
         print(f"  {r.detail}")
-    return 0 if r.status in ("pass", "skip") else 1
+    return 0 if r.status in ("pass", "skip", "reference path") else 1
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -44,6 +44,10 @@ M_SWEEP_GPU_EXTRA: tuple[int, ...] = (4096,)
 
 #: Default row offsets for the row_start check.
 ROW_OFFSETS: tuple[int, ...] = (0, 1, 7, 31, 32, 33)
+#: The row_start check adds one random offset drawn from ``[low, high)``: the largest offset it
+#: may place a row at is ``high - 1`` (a case list keeping every row_start launch inside a fast
+#: path's envelope needs that much headroom).
+ROW_OFFSET_RANDOM: tuple[int, int] = (34, 300)
 
 ALL_LANES: frozenset[Lane] = frozenset(Lane)
 GPU_LANES: frozenset[Lane] = frozenset({Lane.SM90, Lane.SM100})
@@ -224,6 +228,14 @@ class Component:
             tests, or None.
         bench_cases: ``bench_cases(lane)`` -> cases for ``batchinv bench``.
         reference_device: where the reference runs ("same" as the inputs, or "cpu" to force CPU).
+        fast_path: ``fast_path(batch)`` -> True when ``fast`` runs its own kernel on ``batch``,
+            False when it dispatches to the reference (outside the kernel's envelope).  None: the
+            fast callable always runs its kernel.  A check of ``fast`` with any launch off the
+            fast path is reported ``reference path``, never ``pass``.
+        oracle: an implementation independent of the reference (another algorithm, simple and
+            obviously correct; same signature and outputs as ``reference``).  Agreement on a
+            batch off the fast path compares ``fast`` with it, since comparing with the reference
+            would compare the reference with itself.  Required when ``fast_path`` is given.
     """
 
     name: str
@@ -241,6 +253,15 @@ class Component:
     partition_arg: str | None = None
     strategy: Callable[[Lane, torch.device], Any] | None = None
     bench_cases: Callable[[Lane], Sequence[Case]] = lambda lane: ()
+    fast_path: Callable[[Batch], bool] | None = None
+    oracle: Callable[..., Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.fast_path is not None and self.oracle is None:
+            raise ValueError(
+                f"component {self.name!r}: fast_path needs an oracle (agreement off the fast path "
+                "would otherwise compare the reference with itself)"
+            )
 
     def baseline(self, name: str) -> Baseline:
         for b in self.baselines:

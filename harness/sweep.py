@@ -5,12 +5,13 @@ the fast kernel; then the negative controls: each baseline's invariance checks, 
 first one that detects variance (a detection is all a negative control needs).  Pin candidates
 run their batch-prefix check on every case, since where they vary is the finding.
 
-Verdicts: a fast check is ``pass``/``fail``/``error``; a negative control is ``detected``
-(some check found different bits on the baseline, as it must), ``inconclusive`` (nothing
-varied: the harness could not tell this baseline from a pinned kernel here — never reported as
-a pass), ``not reached (--max-m N)`` (nothing varied, but the M sweep was cut by ``--max-m``) or
-``error`` (the baseline crashed: a failure of the sweep, never a detection); a pin candidate is
-``invariant``, ``varies`` or ``error``.
+Verdicts: a fast check is ``pass``/``fail``/``error``, or ``reference path`` where the fast
+callable ran the reference instead of its kernel (counted apart from the passes, not a
+failure); a negative control is ``detected`` (some check found different bits on the baseline,
+as it must), ``inconclusive`` (nothing varied: the harness could not tell this baseline from a
+pinned kernel here — never reported as a pass), ``not reached (--max-m N)`` (nothing varied,
+but the M sweep was cut by ``--max-m``) or ``error`` (the baseline crashed: a failure of the
+sweep, never a detection); a pin candidate is ``invariant``, ``varies`` or ``error``.
 
 Execution: the work is cut into *units* — one unit per (component, case) for the fast kernel
 (its checks share one built batch), one per baseline (its checks stop at the first detection).
@@ -32,7 +33,7 @@ from multiprocessing import get_context
 from typing import Any
 
 from batchinv.harness import compile_stats
-from batchinv.harness.checks import FAST, CheckResult, control_results, run_check, run_checks
+from batchinv.harness.checks import FAST, REFERENCE_PATH, CheckResult, control_results, run_check, run_checks
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import INVARIANCE_CHECKS, Baseline, Component, m_sweep
 
@@ -47,6 +48,7 @@ class CheckSummary:
     failed: int = 0
     errors: int = 0
     skipped: int = 0
+    reference_path: int = 0  # cases where fast ran the reference, not its kernel (no failure)
     rows_differing: int = 0
     worst_ulp: float | None = None
     worst_abs: float | None = None
@@ -56,7 +58,7 @@ class CheckSummary:
 
     @property
     def cases(self) -> int:
-        return self.passed + self.failed + self.errors
+        return self.passed + self.failed + self.errors + self.reference_path
 
     @property
     def status(self) -> str:
@@ -66,6 +68,8 @@ class CheckSummary:
             return "fail"
         if self.passed:
             return "pass"
+        if self.reference_path:
+            return REFERENCE_PATH
         return "skip"
 
     def add(self, r: CheckResult) -> None:
@@ -78,6 +82,8 @@ class CheckSummary:
                 self.first_difference = f"{r.first_difference} [{r.case}]"
         elif r.status == "error":
             self.errors += 1
+        elif r.status == REFERENCE_PATH:
+            self.reference_path += 1
         else:
             self.skipped += 1
         self.rows_differing += r.rows_differing if r.status == "fail" else 0

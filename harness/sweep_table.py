@@ -9,7 +9,7 @@ from typing import Any
 from batchinv.harness.lanes import Lane
 from batchinv.harness.sweep import SweepOutcome
 
-_STYLE = {"pass": "green", "fail": "red", "error": "red", "skip": "dim"}
+_STYLE = {"pass": "green", "fail": "red", "error": "red", "skip": "dim", "reference path": "yellow"}
 _VERDICT_STYLE = {
     "detected": "green",
     "invariant": "cyan",
@@ -55,8 +55,10 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
         else:
             nc = "-"
         status = f"[{_STYLE[c.status]}]{c.status}[/]"
-        if c.status != "pass" and c.cases:
+        if c.status in ("fail", "error") and c.cases:
             status += f" ({c.failed + c.errors}/{c.cases})"
+        if c.reference_path and c.status != "reference path":
+            status += f" [yellow]({c.reference_path} reference path)[/]"
         table.add_row(
             c.component,
             c.check,

@@ -44,11 +44,13 @@ def check_tensor(
     dtypes: tuple[Any, ...] | None = None,
     ndim: int | None = None,
 ) -> None:
-    """Validate that ``value`` is a tensor of one of ``dtypes`` with ``ndim`` dimensions.
+    """Validate that ``value`` is a tensor with data, of one of ``dtypes``, with ``ndim`` dimensions.
 
     Raises:
         DTypeError: not a tensor, or a dtype outside ``dtypes``.
         ArgumentError: a sparse or nested tensor, or a wrong number of dimensions.
+        DeviceError: a tensor on the ``meta`` device (shapes without values: nothing to compute
+            on, for the reference and the fast path alike).
     """
     import torch
 
@@ -58,6 +60,10 @@ def check_tensor(
         raise ArgumentError(argument, "a strided (dense) tensor", f"layout {value.layout}")
     if value.is_nested:
         raise ArgumentError(argument, "a strided (dense) tensor", "a nested tensor")
+    if value.device.type == "meta":
+        raise DeviceError(
+            argument, "a tensor with data (a meta tensor has none)", f"a tensor on {value.device}"
+        )
     if dtypes is not None and value.dtype not in dtypes:
         names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise DTypeError(argument, f"dtype {names}", str(value.dtype).removeprefix("torch."))

@@ -49,7 +49,7 @@ def check_topk_arguments(scores: Any, row_starts: Any, row_ends: Any, k: Any) ->
             integral (``operator.index`` fails) or a bool.
         ArgumentError: a wrong rank, bounds whose length is not ``num_rows``, ``k < 1`` or
             ``k > 2**31 - 1`` (:data:`MAX_K`), or a row with ``row_end < row_start``.
-        DeviceError: bounds on another device than ``scores``.
+        DeviceError: bounds on another device than ``scores``; any tensor on the meta device.
 
     The ``row_end < row_start`` check reads the bounds (a host sync); it is skipped while a CUDA
     graph is being captured, where an inverted window simply selects nothing.

@@ -32,7 +32,9 @@ def _fast_params():
 @pytest.mark.parametrize(("component", "check", "case"), list(_fast_params()))
 def test_fast(component, check, case):
     result = run_check(component, FAST, check, case, LANE)
-    assert result.status == "pass", (
+    # "reference path": fast ran the reference here (outside its kernel's envelope), agreement
+    # checked against the oracle; the sweep reports it apart, tests/test_harness_fast_path.py covers it.
+    assert result.status in ("pass", "reference path"), (
         f"{result.status}: {result.detail}\n  where: {result.where}\n  repro: {result.repro}"
     )
 

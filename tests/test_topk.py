@@ -501,6 +501,7 @@ def test_error_cases_cover_the_issue_list(device):
         "k_zero",
         "row_end_before_row_start",
         "row_ends_on_meta",
+        "all_on_meta",
     ):
         assert needed in names
 
@@ -710,3 +711,107 @@ def test_k_accepts_any_integral_and_bounds_its_size(device):
         for flag in (True, np.True_, torch.tensor(True)):
             with pytest.raises(DTypeError, match=r"'k'"):
                 fn(scores, starts, ends, flag)
+
+
+# --- the kernel's envelope: fast_path, the oracle and the case lists -----------------------------
+
+_CHECK_LANES = (Lane.CPU, Lane.SM90)
+
+
+def _small(case):
+    """``case`` with at most 2 rows: the same num_cols and k, so the same dispatch, built fast."""
+    return component_module.make_case(
+        min(int(case.axes["num_rows"]), 2),
+        int(case.axes["num_cols"]),
+        int(case.axes["k"]),
+        rows=case.axes["rows"],
+        layout=case.axes["layout"],
+        bounds=case.axes["bounds"],
+        seed=case.seed,
+    )
+
+
+def _widest_row_start(batch):
+    """The batch the row_start check widens most (its largest offset)."""
+    from batchinv.harness.registry import ROW_OFFSET_RANDOM
+
+    return component_module.shift_row_start(batch, ROW_OFFSET_RANDOM[1] - 1, torch.Generator().manual_seed(0))
+
+
+@any_lane
+@pytest.mark.parametrize("case_lane", _CHECK_LANES, ids=lambda lane: lane.value)
+def test_fast_path_is_the_launchers_dispatch(device, monkeypatch, case_lane):
+    """``fast_path`` says True exactly where the launcher launches the kernel (a recorder in its
+    place), on every case of the cpu and GPU lists (2-row versions: the same dispatch)."""
+    for case in COMPONENT.cases(case_lane):
+        rec = LaunchRecorder()
+        monkeypatch.setattr(fast_module, "topk_kernel", rec)
+        batch = COMPONENT.build(_small(case), device)
+        fast_topk(**batch.kwargs())
+        assert component_module.fast_path(batch) == bool(rec.launches), case.id
+
+
+def _stub_fast(scores, row_starts, row_ends, k):
+    return torch.zeros(scores.shape[0], k, dtype=torch.int32, device=scores.device)
+
+
+def test_every_check_of_the_cpu_cases_runs_the_kernel_somewhere():
+    """On the cpu list every applicable check has a case whose every launch runs the kernel (the
+    real drivers, with a stub in place of the launcher: a check's status is then ``pass`` only
+    when fast_path held for every batch it ran); out-of-envelope cases stay, as reference path."""
+    from dataclasses import replace
+
+    from batchinv.harness.checks import REFERENCE_PATH, run_check
+
+    stub = replace(COMPONENT, fast=_stub_fast)
+    cases = COMPONENT.cases(Lane.CPU)
+    on_kernel = [component_module.fast_path(COMPONENT.build(c, torch.device("cpu"))) for c in cases]
+    assert any(on_kernel) and not all(on_kernel), "the cpu list must hold kernel and reference-path cases"
+    for check in COMPONENT.applicable_checks():
+        if check == "agreement":
+            continue  # the stub does not agree; agreement runs one batch, the case's own
+        statuses = {run_check(stub, "fast", check, c, Lane.CPU).status for c in cases}
+        assert "pass" in statuses, f"{check}: no cpu case runs the kernel on every launch ({statuses})"
+        assert statuses <= {"pass", REFERENCE_PATH}, f"{check}: {statuses}"
+
+
+def test_every_check_of_the_gpu_cases_runs_the_kernel_somewhere():
+    """The GPU list, at the level of dispatch: every check has kernel cases, the top bucket
+    (num_cols > 4096) keeps a row_start case on the kernel at the largest offset, and the cases
+    whose row_start crosses 8192 columns are exactly those wider than ROW_START_MAX_NUM_COLS."""
+    cpu = torch.device("cpu")
+    kernel, row_start_kernel, crossing = [], [], []
+    for case in COMPONENT.cases(Lane.SM90):
+        batch = COMPONENT.build(_small(case), cpu)
+        if not component_module.fast_path(batch):
+            continue
+        kernel.append(case)
+        num_cols = int(case.axes["num_cols"])
+        if component_module.fast_path(_widest_row_start(batch)):
+            row_start_kernel.append(num_cols)
+        else:
+            crossing.append(num_cols)
+    assert kernel and any(int(c.axes["num_rows"]) >= 2048 for c in kernel)
+    assert {int(c.axes["k"]) for c in kernel} == set(ENVELOPE_K)
+    assert any(n > 4096 for n in row_start_kernel), row_start_kernel
+    assert max(row_start_kernel) == component_module.ROW_START_MAX_NUM_COLS
+    assert all(n > component_module.ROW_START_MAX_NUM_COLS for n in crossing), crossing
+
+
+@pytest.mark.parametrize("case_lane", _CHECK_LANES, ids=lambda lane: lane.value)
+def test_reference_equals_the_oracle_on_every_case(case_lane):
+    """The reference against the independent oracle on every case of both lists (2-row versions)
+    and on each case widened for row_start: a reference bug cannot hide on the reference path."""
+    cpu = torch.device("cpu")
+    for case in COMPONENT.cases(case_lane):
+        batch = COMPONENT.build(_small(case) if case_lane is not Lane.CPU else case, cpu)
+        for b in (batch, _widest_row_start(batch)):
+            expected = component_module.oracle(**b.kwargs())
+            assert_bitwise(expected, reference_topk(**b.kwargs()), f"{case.id}: reference vs oracle")
+            assert_bitwise(oracle(**b.kwargs()), expected, f"{case.id}: component oracle vs test oracle")
+
+
+@settings(max_examples=_EXAMPLES)
+@given(batch=COMPONENT.strategy(Lane.CPU, torch.device("cpu")))
+def test_property_reference_equals_the_oracle(batch):
+    assert_bitwise(component_module.oracle(**batch.kwargs()), reference_topk(**batch.kwargs()), "reference")

@@ -227,6 +227,27 @@ def error_cases(device: torch.device) -> list[ErrorCase]:
             ArgumentError,
             "'precision'",
         ),
+        ErrorCase(
+            "all_on_meta",
+            {"x": t(4, 32, dev="meta"), "weight": t(16, 32, dev="meta"), "bias": t(16, dev="meta")},
+            DeviceError,
+            "'x'.*meta",
+        ),
+        # ``out`` exists on the fast path only (the reference returns a fresh fp64 tensor).
+        ErrorCase(
+            "out_requires_grad",
+            {"x": t(4, 32), "weight": t(16, 32), "out": t(4, 16).requires_grad_()},
+            ArgumentError,
+            "'out'.*requires_grad",
+            applies_to=("fast",),
+        ),
+        ErrorCase(
+            "out_on_meta",
+            {"x": t(4, 32), "weight": t(16, 32), "out": t(4, 16, dev="meta")},
+            DeviceError,
+            "'out'.*meta",
+            applies_to=("fast",),
+        ),
     ]
 
 

@@ -257,6 +257,7 @@ def error_cases(device: torch.device) -> list[ErrorCase]:
         ErrorCase("dtype_int", {"x": f32, "dtype": torch.int32}, DTypeError, r"argument 'dtype'"),
         ErrorCase("dtype_float64", {"x": f32, "dtype": torch.float64}, DTypeError, r"argument 'dtype'"),
         ErrorCase("dtype_string", {"x": f32, "dtype": "float32"}, DTypeError, r"argument 'dtype'"),
+        ErrorCase("on_meta", {"x": f32.to("meta")}, DeviceError, r"argument 'x'.*meta"),
     ]
     if device.type == "cuda":
         out.append(

@@ -355,6 +355,10 @@ def make_error_cases(fused: bool) -> Callable[[torch.device], list[ErrorCase]]:
                     "argument 'residual'",
                 ),
             ]
+        from batchinv.reference.errors import DeviceError  # here: this hunk stays inside error_cases
+
+        on_meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in kw().items()}
+        cases.append(ErrorCase("all_on_meta", on_meta, DeviceError, r"argument 'x'.*meta"))
         return cases
 
     return error_cases

@@ -462,6 +462,7 @@ def error_cases_for(device: torch.device) -> list[ErrorCase]:
             ArgumentError,
             r"argument 'half_to_float'.*bool",
         ),
+        ErrorCase("on_meta", {"x": f32.to("meta")}, DeviceError, r"argument 'x'.*meta"),
     ]
     if device.type == "cuda":
         out.append(

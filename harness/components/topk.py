@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 
+from batchinv.fast.topk import MAX_NUM_COLS, in_envelope
 from batchinv.fast.topk import topk as fast_topk
 from batchinv.fast.topk_baselines import masked_fused_topk, masked_torch_topk
 from batchinv.harness import bitpatterns as bp
 from batchinv.harness.lanes import Lane
-from batchinv.harness.registry import Baseline, Batch, Case, Component, ErrorCase, Exact
+from batchinv.harness.registry import ROW_OFFSET_RANDOM, Baseline, Batch, Case, Component, ErrorCase, Exact
 from batchinv.reference.errors import ArgumentError, DeviceError, DTypeError
 from batchinv.reference.topk import clamped_window
 from batchinv.reference.topk import topk as reference_topk
@@ -199,6 +200,43 @@ def shift_row_start(batch: Batch, offset: int, gen: torch.Generator) -> Batch:
     )
 
 
+def fast_path(batch: Batch) -> bool:
+    """Whether :func:`batchinv.fast.topk.topk` runs the Triton kernel on ``batch`` (k in the
+    envelope and num_cols <= 8192); otherwise it dispatches to the reference."""
+    return in_envelope(int(batch.shared["k"]), batch.rows["scores"].shape[1])
+
+
+def _oracle_rank(bits: int) -> tuple[int, int]:
+    """The contract's order of one fp32 bit pattern, read off sign and magnitude: every
+    non-negative pattern (-0 included) above every negative one; among non-negatives the larger
+    magnitude ranks higher, among negatives the smaller.  NaNs are ranked by their bits like
+    any other pattern (+NaN above +inf, -NaN below -inf)."""
+    magnitude = bits & 0x7FFFFFFF
+    if bits & 0x80000000 and magnitude:
+        return (0, -magnitude)
+    return (1, magnitude)
+
+
+def oracle(scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor, k: int) -> torch.Tensor:
+    """An independent top-k for agreement where the fast path runs the reference: plain Python
+    per row, ``sorted()`` on (rank descending, column ascending) over Python ints (no sort on
+    keys, no int32 key map: a different algorithm from :func:`batchinv.reference.topk.topk`).
+
+    Same contract and output as the reference: int32 ``[R, k]`` on the device of ``scores``,
+    each row the ascending row-local columns of its ``min(k, window)`` best lanes, -1 padded.
+    """
+    num_rows, num_cols = scores.shape
+    bits = scores.detach().resolve_neg().cpu().contiguous().view(torch.int32).tolist()
+    out = []
+    for row, start, end in zip(bits, row_starts.tolist(), row_ends.tolist(), strict=True):
+        s = min(max(start, 0), num_cols)
+        e = max(min(max(end, 0), num_cols), s)
+        ranked = sorted(range(s, e), key=lambda c: (_oracle_rank(row[c] & 0xFFFFFFFF), -c), reverse=True)
+        chosen = sorted(c - s for c in ranked[:k])
+        out.append(chosen + [-1] * (k - len(chosen)))
+    return torch.tensor(out, dtype=torch.int32).reshape(num_rows, k).to(scores.device)
+
+
 def make_case(
     num_rows: int,
     num_cols: int,
@@ -220,10 +258,23 @@ def make_case(
     return Case(NAME, axes, seed)
 
 
+#: The widest row whose row_start check stays on the kernel at every offset the harness tries
+#: (the check widens rows by up to ``ROW_OFFSET_RANDOM[1] - 1`` columns).
+ROW_START_MAX_NUM_COLS: int = MAX_NUM_COLS - (ROW_OFFSET_RANDOM[1] - 1)
+
+
 def cases(lane: Lane) -> Sequence[Case]:
     """Sweep cases.  On the cpu lane each row costs 20-35 ms per launch in the interpreter, so the
     cases are few and short; every kind, window and layout still appears, and the row-start
-    check's offsets and the short M sweep come from the harness."""
+    check's offsets and the short M sweep come from the harness.
+
+    Cases outside the kernel's envelope (k not in {512, 1024, 2048}, num_cols > 8192) are part
+    of the contract and stay; there the fast path runs the reference and the checks report
+    ``reference path``.  The row_start check widens rows by its offset, so on a case with
+    num_cols > :data:`ROW_START_MAX_NUM_COLS` (the 8191/8192 edges, the 8192-column production
+    shapes) some of its launches run the reference: that row is ``reference path`` too, and
+    the num_cols = ROW_START_MAX_NUM_COLS cases keep the top bucket's row_start on the kernel.
+    """
     if lane is Lane.CPU:
         return [
             # seed 0 starts on the -inf plateau: the negative controls are detected here first.
@@ -253,6 +304,10 @@ def cases(lane: Lane) -> Sequence[Case]:
     out.append(
         make_case(512, 8192, 2048, rows="neg_inf_plateau", layout="strided", bounds="int64", seed=seed + 3)
     )
+    # The top bucket's row_start on the kernel: every offset keeps these rows inside 8192 columns.
+    for i, k in enumerate((512, 1024, 2048)):
+        layout, bounds = variants[i % len(variants)]
+        out.append(make_case(33, ROW_START_MAX_NUM_COLS, k, layout=layout, bounds=bounds, seed=seed + 4 + i))
     return out
 
 
@@ -321,6 +376,12 @@ def error_cases(device: torch.device) -> Sequence[ErrorCase]:
             r"'row_ends'.*row_end >= row_start.*row 2.*-1",
         ),
         ErrorCase("row_ends_on_meta", {**ok, "row_ends": ends.to(meta)}, DeviceError, r"'row_ends'.*meta"),
+        ErrorCase(
+            "all_on_meta",
+            {"scores": scores.to(meta), "row_starts": starts.to(meta), "row_ends": ends.to(meta), "k": 512},
+            DeviceError,
+            r"'scores'.*meta",
+        ),
     ]
     if device.type == "cuda":  # the GPU path refuses host tensors (the reference accepts them)
         host = {"scores": scores.cpu(), "row_starts": starts.cpu(), "row_ends": ends.cpu(), "k": 512}
@@ -414,4 +475,6 @@ COMPONENT = Component(
     shift_row_start=shift_row_start,
     strategy=strategy,
     bench_cases=bench_cases,
+    fast_path=fast_path,
+    oracle=oracle,
 )
