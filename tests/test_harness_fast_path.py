@@ -157,7 +157,17 @@ def test_fast_path_without_an_oracle_is_refused():
 def test_cli_table_shows_reference_path_counts(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(registry_module, "components", lambda names=None: [_toy()])
     code = cli.main(
-        ["sweep", "--lane", "cpu", "--no-progress", "--no-baselines", "--report", str(tmp_path / "r.jsonl")]
+        [
+            "sweep",
+            "--lane",
+            "cpu",
+            "--no-progress",
+            "--no-baselines",
+            "--jobs",
+            "1",
+            "--report",
+            str(tmp_path / "r.jsonl"),
+        ]
     )
     out = capsys.readouterr().out
     assert code == 0, out
