@@ -9,7 +9,7 @@ PY ?= .venv/bin/python
 # default resolves to a local CPU wheel on this workplace's machines; elsewhere, without a GPU,
 # use TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu" (README).
 TORCH_SPEC ?= torch==2.13.0
-PYTEST_ARGS ?= -n auto
+PYTEST_ARGS ?= -n auto --dist loadgroup
 SWEEP_ARGS ?=
 
 .PHONY: sweep test lint bench clean

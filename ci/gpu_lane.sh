@@ -25,9 +25,9 @@ step() {  # step NAME SECONDS CMD...: run with a time cap, log to $OUT/NAME.log,
   $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 } >"$OUT/env.txt" 2>&1
 step install 120 $PY -m pip install --no-deps --no-build-isolation -e .
-step pytest "${PYTEST_CAP:-420}" $PY -m pytest --lane "$LANE" -n "${WORKERS:-auto}" -q -p no:cacheprovider -rfEsx \
+step pytest "${PYTEST_CAP:-600}" $PY -m pytest --lane "$LANE" -n "${WORKERS:-auto}" --dist loadgroup -q -p no:cacheprovider -rfEsx \
     --junitxml="$OUT/pytest.xml"
-step sweep "${SWEEP_CAP:-150}" $PY -m batchinv.harness.cli sweep --lane "$LANE" --no-progress --report "$OUT/sweep.jsonl"
+step sweep "${SWEEP_CAP:-180}" $PY -m batchinv.harness.cli sweep --lane "$LANE" --no-progress --report "$OUT/sweep.jsonl"
 step bench "${BENCH_CAP:-150}" $PY -m batchinv.harness.cli bench --lane "$LANE" --out "$OUT/bench"
 step audit "${AUDIT_CAP:-120}" $PY -m batchinv.harness.cli audit cublas --lane "$LANE" --out-dir "$OUT"
 step tune_topk "${TUNE_CAP:-60}" $PY ci/tune_topk.py

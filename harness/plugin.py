@@ -166,12 +166,22 @@ def pytest_configure(config: pytest.Config) -> None:
     _hypothesis_profiles()
     lane = current_lane()
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if lane.is_gpu and worker:
+    if worker:
         import torch
 
-        count = torch.cuda.device_count()
-        if count > 1:
-            torch.cuda.set_device(int(worker.removeprefix("gw")) % count)
+        # Each worker takes its share of the cores: N workers each running torch's default
+        # (one thread per core) oversubscribe the machine N-fold while they build cases.
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, workers)))
+        if lane.is_gpu:
+            count = torch.cuda.device_count()
+            if count > 1:
+                torch.cuda.set_device(worker_gpu(worker, count))
+
+
+def worker_gpu(worker: str, gpu_count: int) -> int:
+    """The GPU an xdist worker (``gw0``, ``gw1``...) takes: its number modulo the GPU count."""
+    return int(worker.removeprefix("gw")) % gpu_count
 
 
 def _hypothesis_profiles() -> None:

@@ -26,7 +26,12 @@ def _fast_params():
     for comp in COMPONENTS:
         for case in comp.cases(LANE):
             for check in comp.applicable_checks():
-                yield pytest.param(comp, check, case, id=f"{comp.name}-{check}-{case.id}", marks=LANE_MARK)
+                # One xdist group per case: under --dist loadgroup a case's checks share a worker,
+                # so its batch is built once there (harness/build_cache.py), not once per check.
+                group = pytest.mark.xdist_group(f"{comp.name}-{case.id}")
+                yield pytest.param(
+                    comp, check, case, id=f"{comp.name}-{check}-{case.id}", marks=[LANE_MARK, group]
+                )
 
 
 @pytest.mark.parametrize(("component", "check", "case"), list(_fast_params()))
