@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import struct
 
 import pytest
 import torch
@@ -25,6 +26,11 @@ from batchinv.harness.registry import get
 
 CPU = torch.device("cpu")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _f32(value: float) -> float:
+    """``value`` rounded to float32 by struct (independent of the code under test)."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
 def _rows(dtype: torch.dtype, m: int, n: int, seed: int) -> torch.Tensor:
@@ -132,9 +138,9 @@ def test_all_equal_row_matches_closed_form(dtype: torch.dtype) -> None:
     x = torch.full((1, n), c, dtype=dtype)
     w = torch.ones(n, dtype=dtype)
     out = fast_mod.rms_norm(x, w, eps)
-    exact = c / math.sqrt(c * c + eps)  # mean(x^2) = c^2 exactly
+    exact = c / math.sqrt(c * c + _f32(eps))  # mean(x^2) = c^2 exactly
     ref = torch.full((1, n), exact, dtype=torch.float64)
-    report = compare_tolerance(ref, out, out_bound(x.double(), w, eps, ref, dtype))
+    report = compare_tolerance(ref, out, out_bound(n, w, ref, dtype))
     assert report.within, str(report)
 
 
@@ -146,18 +152,9 @@ def test_subnormal_inputs_are_not_flushed(dtype: torch.dtype) -> None:
     x = torch.full((1, n), tiny, dtype=torch.float64).to(dtype)
     out = fast_mod.rms_norm(x, torch.ones(n, dtype=dtype), eps)
     # mean(x^2) underflows to 0 next to eps, so out = x / sqrt(eps) (about 1e3 x): normal, nonzero.
-    expected = torch.full((1, n), tiny / math.sqrt(tiny * tiny + eps), dtype=torch.float64)
-    report = compare_tolerance(expected, out, out_bound(x.double(), torch.ones(n), eps, expected, dtype))
+    expected = torch.full((1, n), tiny / math.sqrt(tiny * tiny + _f32(eps)), dtype=torch.float64)
+    report = compare_tolerance(expected, out, out_bound(n, torch.ones(n), expected, dtype))
     assert report.within and bool((out != 0).all()), str(report)
-
-
-@pytest.mark.cpu
-def test_fp32_sum_of_squares_overflow_gives_zeros_as_documented() -> None:
-    """Documented departure: bf16 max normal squared overflows the fp32 sum -> +-0 per element."""
-    x = _rows(torch.bfloat16, 1, 32, seed=9)
-    x[0, 3] = pattern(torch.bfloat16, "+max_normal").tensor()
-    out = fast_mod.rms_norm(x, torch.ones(32, dtype=torch.bfloat16))
-    assert bool((out.float() == 0).all())
 
 
 # ------------------------------------------------------------------------------------- cancellation
@@ -182,8 +179,8 @@ def test_near_cancellation_residual_is_the_exact_difference(dtype: torch.dtype) 
     exact = x.double() + r.double()  # exact in fp64 and representable in dtype (Sterbenz)
     assert torch.equal(res.double(), exact)
     assert bool((res != 0).all())
-    ref = exact / torch.sqrt((exact * exact).mean(dim=1, keepdim=True) + 1e-6)
-    report = compare_tolerance(ref, out, out_bound(exact, torch.ones(64), 1e-6, ref, dtype))
+    ref = exact / torch.sqrt((exact * exact).mean(dim=1, keepdim=True) + _f32(1e-6))
+    report = compare_tolerance(ref, out, out_bound(64, torch.ones(64), ref, dtype))
     assert report.within, str(report)
 
 
