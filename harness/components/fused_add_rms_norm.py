@@ -40,7 +40,7 @@ COMPONENT = Component(
         Baseline(
             name="rows_block",
             fn=baselines.fused_add_rms_norm_rows_block,
-            why="the column tile (hence the order of the sum of squares) switches at 256 rows",
+            why="the column tile (hence the order of its fp32 sum of squares) switches at 256 rows",
         ),
         Baseline(
             name="torch",
