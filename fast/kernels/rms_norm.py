@@ -19,12 +19,12 @@ fp64 adds, divisions and products here never see an operand pair that FMA contra
 fuse into different bits (the squares are exact), so the GPU and the interpreter agree up to the
 order of the fp64 sum.
 
-Cost (estimate; the device run measures it): per element one fp32 -> fp64 conversion and one
-fp64 FMA on top of the fp32 kernel.  On an H100/H200 (132 SMs, ~1.98 GHz) a bf16 norm moving
-4 bytes per element at ~4.8 TB/s handles ~4.6 elements per SM-clock, against ~16 fp64
-conversions and 64 fp64 FMAs per SM-clock: about 30% and 7% of those pipes, so memory-bound
-shapes should not slow down; small batches pay the per-row fp64 division and square root
-(tens of cycles of latency, once per row).
+Cost (estimate; the device run measures it): per element one fp32 -> fp64 conversion, one
+fp64 FMA and one fp32 multiply (by the power of two) on top of the fp32 kernel.  On an
+H100/H200 (132 SMs, ~1.98 GHz) a bf16 norm moving 4 bytes per element at ~4.8 TB/s handles
+~4.6 elements per SM-clock, against ~16 fp64 conversions and 64 fp64 FMAs per SM-clock: about
+30% and 7% of those pipes, so memory-bound shapes should not slow down; small batches pay the
+per-row fp64 division and square root (tens of cycles of latency, once per row).
 
 Launchers, validation and the config table live in :mod:`batchinv.fast.rms_norm`.
 """
