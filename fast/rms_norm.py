@@ -22,7 +22,7 @@ import triton
 from batchinv.fast.device import arch, check_launch_device, interpreter_quiet, kernel_operand
 from batchinv.fast.kernels.rms_norm import rms_norm_rows_kernel
 from batchinv.reference.errors import check_same_device
-from batchinv.reference.rms_norm import check_rms_norm_args
+from batchinv.reference.rms_norm import check_rms_norm_args, eps_float32
 
 #: Bytes of one vectorized access; rows aligned to it can be loaded 16 bytes at a time.
 VECTOR_BYTES = 16
@@ -35,16 +35,20 @@ class RowConfig:
     Attributes:
         block_m: rows per program (the rows of a tile are reduced independently).
         block_n: columns per chunk of the reduction tile; the row is summed in
-            ``cdiv(N, block_n)`` chunks into a ``[block_m, block_n]`` fp32 accumulator.
+            ``cdiv(N, block_n)`` chunks into a ``[block_m, block_n]`` accumulator.
         num_warps: warps per program (part of the compiled reduction layout).
         row_align: elements every row start is aligned to (16 bytes' worth when N allows it,
             else 1); inputs that miss it are staged into an aligned copy.
+        fp64_sum: the squares are summed in fp64 (exact squares, no overflow for any finite
+            row).  True in every pinned config; False only in baselines that model the
+            production fp32 accumulation.
     """
 
     block_m: int
     block_n: int
     num_warps: int
     row_align: int
+    fp64_sum: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "row_align"):
@@ -166,12 +170,13 @@ def launch_rows(
             _row_stride(residual, align) if residual is not None else 0,
             _row_stride(out, align),
             _row_stride(residual_out, align) if residual_out is not None else 0,
-            float(eps),
+            eps_float32(eps),  # the eps rule: rounded to fp32 once, here (the reference too)
             BLOCK_M=config.block_m,
             BLOCK_N=config.block_n,
             SINGLE_TILE=config.single_tile(n_cols),
             ROW_ALIGN=align,
             HAS_RESIDUAL=residual is not None,
+            FP64_SUM=config.fp64_sum,
             num_warps=config.num_warps,
         )
     return out, residual_out
@@ -185,19 +190,29 @@ def _check_devices(x: torch.Tensor, *others: tuple[str, torch.Tensor]) -> None:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1) -> torch.Tensor:
-    """Batch-invariant RMS norm (Triton): fp32 accumulation, one final rounding.
+    """Batch-invariant RMS norm (Triton): fp64 sum of squares, fp32 scaling, one final rounding.
 
-    ``out[m, n] = round(x[m, n] * (1 / sqrt(sum_k x[m, k]^2 / N + eps)) * weight[n])``, the sum of
-    squares in fp32 in an order fixed by N (see :mod:`batchinv.fast.kernels.rms_norm`), the
-    mean, square root and reciprocal correctly rounded in fp32, the two products in fp32, then
-    one rounding to x's dtype.
+    ``out[m, n] = round(x[m, n] * rstd[m] * weight[n])``,
+    ``rstd[m] = 1 / sqrt(sum_k x[m, k]^2 / N + eps32)``: the squares (exact in fp64) summed in
+    fp64 in an order fixed by N (see :mod:`batchinv.fast.kernels.rms_norm`); mean, eps add,
+    square root and reciprocal correctly rounded in fp64; rstd rounded once to fp32 (split off
+    a power of two when it is below 2^-64, so it stays a normal fp32); the two products in
+    fp32; then one rounding to x's dtype.  No finite row overflows: up to rounding,
+    RMSNorm(a * x) = RMSNorm(x) wherever a^2 * mean(x^2) dominates eps, and for a power of two
+    a the bits are equal whenever eps is below half an fp64 ULP of both mean squares and no
+    value is subnormal.
+
+    eps rule: eps32 = eps rounded to the nearest float32, here and in the reference
+    (:func:`batchinv.reference.rms_norm.eps_float32`); every eps with a finite, nonzero float32
+    rounding is accepted and computed correctly, since ``mean + eps32`` is formed in fp64 (for
+    x = [5e18] * 4, eps = 3.3e38: 0.26537).
 
     Parameters
     ----------
     x : Tensor (M, N), bfloat16, float16 or float32; rows may be strided (column stride 1 is
         used as is, anything else is staged into a contiguous copy)
     weight : Tensor (N,), x's dtype
-    eps : float, > 0 and finite once rounded to fp32 (passed to the kernel as fp32)
+    eps : real, > 0 with a finite, nonzero float32 rounding (the value used)
     dim : int, the normalized dimension; only the last one (-1 or 1) is supported
 
     Returns
@@ -205,10 +220,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int 
     Tensor (M, N), x's dtype, contiguous.  Bitwise invariant along M (the batch size), a row's
     position and neighbours, the row's offset inside a wider buffer, and repeated calls.
     NaN in a row makes the row NaN; +-inf makes mean(x^2) infinite, so finite elements become
-    +-0 and infinite ones NaN; zeros keep the sign of x * weight.  fp32 overflow of the sum of
-    squares (sum_k x^2 > 3.4e38: bf16/fp32 rows with rms above ~1.8e19 / sqrt(N)) gives the
-    same, +-0 per finite element: a documented departure from the fp64 reference.
-    Subnormal inputs are kept (no flush to zero in the data path).
+    +-0 and infinite ones NaN; zeros keep the sign of x * weight.  An output whose value is past
+    the dtype's range (a weight near the maximum) is +-inf.  Subnormal inputs are kept (no flush
+    to zero in the data path).
 
     Raises
     ------
@@ -223,7 +237,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int 
     _check_devices(x, ("weight", weight))
     # Keyed on (arch, dtype, hidden size) only -- never on x.shape[0], the number of rows.
     config = config_for(arch(x.device), x.dtype, x.shape[1])
-    out, _res = launch_rows(x, None, weight, float(eps), config)
+    out, _res = launch_rows(x, None, weight, eps, config)
     return out
 
 
@@ -244,15 +258,16 @@ def fused_add_rms_norm(
     ----------
     x, residual : Tensor (M, N), bfloat16, float16 or float32, the same dtype and shape
     weight : Tensor (N,), x's dtype
-    eps : float, > 0 and finite once rounded to fp32
+    eps : real, > 0 with a finite, nonzero float32 rounding (the value used, as in :func:`rms_norm`)
     dim : int, the normalized dimension; only the last one (-1 or 1) is supported
 
     Returns
     -------
     (out, residual_out) : Tensors (M, N), x's dtype, new buffers (inputs are not modified).
-    Bitwise invariant along the same axes as :func:`rms_norm`.  inf + -inf gives NaN; a sum
-    beyond the dtype's range gives +-inf in residual_out (and the row of out follows
-    :func:`rms_norm`'s infinity rule).
+    Bitwise invariant along the same axes as :func:`rms_norm`.  inf + -inf gives NaN.  A finite
+    x + residual past the dtype's range rounds to +-inf in residual_out (IEEE overflow); that
+    row is then an infinite input to the norm, not a finite one, and its out follows
+    :func:`rms_norm`'s infinity rule (+-0 for finite elements, NaN for the infinite ones).
 
     Raises
     ------
@@ -265,6 +280,6 @@ def fused_add_rms_norm(
     _check_devices(x, ("residual", residual), ("weight", weight))
     # Keyed on (arch, dtype, hidden size) only -- never on x.shape[0], the number of rows.
     config = config_for(arch(x.device), x.dtype, x.shape[1])
-    out, residual_out = launch_rows(x, residual, weight, float(eps), config)
+    out, residual_out = launch_rows(x, residual, weight, eps, config)
     assert residual_out is not None
     return out, residual_out

@@ -2,10 +2,12 @@
 
 * ``rows_block``: the batch-invariant kernel itself, but with the column tile chosen from the
   number of rows, the way production norms pick their block size from the token count (one
-  public report: 1024 threads below 256 tokens, 256 above, 79 of 4096 rows one ULP off).  Below
-  256 rows a whole row is one tile (latency); from 256 rows on a half-row tile, summed over two
-  chunks (occupancy).  The sum of squares is then accumulated in another order, so a row's
-  bits depend on how many rows share the launch.  This varies on every lane, the interpreter
+  public report: 1024 threads below 256 tokens, 256 above, 79 of 4096 rows one ULP off), and
+  with their fp32 sum of squares (``fp64_sum=False``; the pinned kernel sums in fp64, where the
+  order of a sum of exact bf16/fp16 squares rarely shows in the bits).  Below 256 rows a whole
+  row is one tile (latency); from 256 rows on a half-row tile, summed over two chunks
+  (occupancy).  The sum of squares is then accumulated in another order, so a row's bits
+  depend on how many rows share the launch.  This varies on every lane, the interpreter
   included.
 * ``torch``: ``torch.nn.functional.rms_norm`` (torch >= 2.4); the fused variant adds the
   residual with ``torch.add`` first.  On CUDA, ATen picks its vectorized one-block-per-row
@@ -29,8 +31,9 @@ ROWS_SWITCH = 256
 
 
 def rows_dependent_config(arch_name: str, dtype: torch.dtype, n_cols: int, n_rows: int) -> RowConfig:
-    """The pinned config with ``block_n`` taken from the number of rows (the unpinned choice)."""
-    pinned = config_for(arch_name, dtype, n_cols)
+    """The pinned config with an fp32 sum of squares and ``block_n`` taken from the number of
+    rows (the unpinned choice)."""
+    pinned = replace(config_for(arch_name, dtype, n_cols), fp64_sum=False)
     if n_rows < ROWS_SWITCH:
         return pinned
     return replace(pinned, block_n=max(16, pinned.block_n // 2))

@@ -95,16 +95,25 @@ def to_bits(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().view(fmt.int_dtype).to(torch.int64) & fmt.all_ones
 
 
-def catalogue(dtype: torch.dtype) -> tuple[BitPattern, ...]:
+def _max_normal_bits(fmt: FloatFormat) -> int:
+    """The bits of the largest finite value (exponent field all ones but one, or, without
+    infinities, everything but the NaN pattern)."""
+    exp, mant = fmt.exponent_mask, fmt.mantissa_mask
+    return (exp - (1 << fmt.mantissa_bits)) | mant if fmt.has_inf else (exp | mant) - 1
+
+
+def catalogue(dtype: torch.dtype, *, near_max: bool = False) -> tuple[BitPattern, ...]:
     """Every special value of ``dtype``: +-0, +-inf, quiet and signalling NaNs of both signs,
     the all-ones and all-ones-minus-one patterns (0xffffffff / 0xfffffffe for fp32), min/max
-    subnormal and min/max normal of both signs."""
+    subnormal and min/max normal of both signs; with ``near_max``, also :func:`near_max`'s
+    values (opt-in: components whose exact semantics are defined on the base catalogue, such
+    as top-k's key order, keep it unchanged)."""
     fmt = float_format(dtype)
     s = fmt.sign_mask
     exp = fmt.exponent_mask
     mant = fmt.mantissa_mask
     quiet_bit = 1 << (fmt.mantissa_bits - 1)
-    max_normal = (exp - (1 << fmt.mantissa_bits)) | mant if fmt.has_inf else (exp | mant) - 1
+    max_normal = _max_normal_bits(fmt)
     values: list[tuple[str, int]] = [
         ("+0", 0),
         ("-0", s),
@@ -130,15 +139,50 @@ def catalogue(dtype: torch.dtype) -> tuple[BitPattern, ...]:
         ]
     else:
         values += [("+nan", exp | mant), ("-nan", s | exp | mant)]
-    return tuple(BitPattern(name, dtype, bits) for name, bits in values)
+    base = tuple(BitPattern(name, dtype, bits) for name, bits in values)
+    return base + near_max_patterns(dtype) if near_max else base
+
+
+def near_max_patterns(dtype: torch.dtype) -> tuple[BitPattern, ...]:
+    """Finite values at the top of ``dtype``'s range, both signs, the inputs on which a kernel
+    that squares or sums in a narrow type overflows:
+
+    * ``near_max``: max normal minus one ULP;
+    * ``max_power_of_two``: the largest power of two (max exponent, zero mantissa), e.g. 2^127;
+    * ``square_overflow``: the smallest power of two whose square exceeds the max normal: 2^64
+      for fp32 and bf16, 2^8 for fp16 (for these three also the smallest magnitude whose square
+      rounds to inf in the dtype), 2^5 for fp8 e4m3fn.
+
+    Max normal itself is in :func:`catalogue`.
+    """
+    fmt = float_format(dtype)
+    s = fmt.sign_mask
+    m = fmt.mantissa_bits
+    bias = (1 << (fmt.exponent_bits - 1)) - 1
+    max_normal = _max_normal_bits(fmt)
+    top_exponent = (max_normal >> m) - bias  # the max normal's unbiased exponent
+    max_value = (1 + (max_normal & fmt.mantissa_mask) / (1 << m)) * 2.0**top_exponent
+    half_exponent = next(e for e in range(top_exponent + 2) if 4.0**e > max_value)
+    values = [
+        ("near_max", max_normal - 1),
+        ("max_power_of_two", max_normal & ~fmt.mantissa_mask),
+        ("square_overflow", (half_exponent + bias) << m),
+    ]
+    return tuple(
+        BitPattern(f"{sign}{name}", dtype, bits | (s if sign == "-" else 0))
+        for name, bits in values
+        for sign in "+-"
+    )
 
 
 def pattern(dtype: torch.dtype, name: str) -> BitPattern:
-    """The catalogue entry ``name`` of ``dtype`` (``KeyError`` listing the names if absent)."""
-    for p in catalogue(dtype):
+    """The catalogue entry ``name`` of ``dtype``, near-max values included (``KeyError`` listing
+    the names if absent)."""
+    known = catalogue(dtype, near_max=True)
+    for p in known:
         if p.name == name:
             return p
-    raise KeyError(f"no bit pattern {name!r} for {dtype}; known: {[p.name for p in catalogue(dtype)]}")
+    raise KeyError(f"no bit pattern {name!r} for {dtype}; known: {[p.name for p in known]}")
 
 
 def inject(

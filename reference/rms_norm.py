@@ -9,10 +9,19 @@ Formulas (exact real arithmetic, evaluated in fp64):
     fused_add_rms_norm:  h[m, n]   = round_to_dtype(x[m, n] + residual[m, n])
                          out       = rms_norm(h), residual_out = h
 
-The fp64 sum of N <= 2^20 squares has a relative error below N * 2^-53, far below the fp32
-accumulation error the fast kernel is allowed (see ``harness/components/rms_norm.py``), so the
-outputs here stand for the exact values.  Argument validation is shared with the fast
-launchers (:func:`check_rms_norm_args`), so both raise the same typed errors.
+The eps rule (fast kernels and reference alike): ``eps`` is rounded to the nearest float32 once,
+before use (:func:`eps_float32`), and that value is added to the fp64 mean of squares; an eps
+whose float32 rounding is 0, infinite or NaN is refused with :class:`ArgumentError`.  Any
+float32 eps is accepted: ``mean(x^2) + eps`` is formed in fp64, where it cannot overflow (an
+fp32 row has mean(x^2) < 2^256), so x = [5e18] * 4 with eps = 3.3e38 gives
+5e18 / sqrt(2.5e37 + 3.3e38) = 0.26537, not 0.
+
+Every input is exact in fp64 and so is every square (at most 48 significant bits, between
+2^-298 and 2^256): nothing here overflows or underflows for finite input.  The fp64 sum of
+N <= 2^20 squares has a relative error below N * 2^-53, so the outputs here stand for the exact
+values (the bound in ``harness/components/rms_norm.py`` still counts that error).  Argument
+validation is shared with the fast launchers (:func:`check_rms_norm_args`), so both raise the
+same typed errors.
 """
 
 from __future__ import annotations
@@ -46,8 +55,8 @@ def check_rms_norm_args(
             :data:`SUPPORTED_DTYPES`, or weight / residual of another dtype than x.
         ArgumentError: x not 2-D (M, N) or N == 0; ``dim`` not an int, out of range for x, or
             not the last dimension; weight not of shape (N,); residual not of x's shape;
-            ``eps`` not a real number whose float32 rounding is finite and > 0 (the kernels
-            add eps in fp32: 1e-50 would round to 0, 1e39 to inf).
+            ``eps`` not a real number whose float32 rounding is finite and > 0 (the eps
+            rule: eps is rounded to float32 before use, so 1e-50 would become 0 and 1e39 inf).
         DeviceError: weight or residual on another device than x.
     """
     check_tensor("x", x, dtypes=SUPPORTED_DTYPES)
@@ -83,11 +92,17 @@ def check_rms_norm_args(
         if residual.shape != x.shape:
             raise ArgumentError("residual", f"x's shape {tuple(x.shape)}", tuple(residual.shape))
         check_same_device("residual", residual, x.device)
-    expected_eps = "a real number > 0 whose float32 rounding is finite and > 0 (eps is added in float32)"
+    expected_eps = "a real number > 0 whose float32 rounding is finite and > 0 (eps is rounded to float32)"
     if isinstance(eps, bool) or not isinstance(eps, Real):
         raise ArgumentError("eps", expected_eps, eps)
     if not 0.0 < _float32(eps) < math.inf:
         raise ArgumentError("eps", expected_eps, eps)
+
+
+def eps_float32(eps: Any) -> float:
+    """The eps actually used by :func:`rms_norm` and the fast kernels: ``eps`` rounded to the
+    nearest float32 (ties to even), as a Python float (exact).  Call after validation."""
+    return _float32(eps)
 
 
 def _float32(value: Real) -> float:
@@ -101,22 +116,24 @@ def _float32(value: Real) -> float:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1) -> torch.Tensor:
     """RMS norm of each row, in fp64.
 
-    ``out[m, n] = x[m, n] * weight[n] / sqrt(mean_k(x[m, k]^2) + eps)``
+    ``out[m, n] = x[m, n] * weight[n] / sqrt(mean_k(x[m, k]^2) + eps32)``, eps32 = eps rounded
+    to float32 (the eps rule of this module).
 
     Parameters
     ----------
     x : Tensor (M, N), bfloat16, float16 or float32
     weight : Tensor (N,), x's dtype
-    eps : float, > 0 and finite once rounded to fp32 (the fast kernels add it in fp32)
+    eps : real, > 0 with a finite, nonzero float32 rounding; that rounding is what is added
     dim : int, the normalized dimension; only the last one (-1 or 1) is supported
 
     Returns
     -------
     Tensor (M, N), float64, on x's device.  Row-local by construction (each row reads only
-    itself), hence bitwise invariant along every batch axis.  A NaN anywhere in a row makes the
-    whole row NaN; an infinity makes mean(x^2) infinite, so the row's finite elements become
-    +-0 (sign of x * weight) and its infinite ones NaN (inf * 0); an all-zero row gives signed
-    zeros.
+    itself), hence bitwise invariant along every batch axis.  No finite row overflows: up to
+    rounding, RMSNorm(a * x) = RMSNorm(x) wherever a^2 * mean(x^2) dominates eps.  A NaN anywhere
+    in a row makes the whole row NaN; an infinity makes mean(x^2) infinite, so the row's finite
+    elements become +-0 (sign of x * weight) and its infinite ones NaN (inf * 0); an all-zero row
+    gives signed zeros.
 
     Raises
     ------
@@ -126,8 +143,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int 
     m, n = x.shape
     x64 = x.to(torch.float64)  # (M, N)
     w64 = weight.to(torch.float64)  # (N,)
-    mean_sq = (x64 * x64).sum(dim=1, keepdim=True) / n  # (M, 1)
-    rstd = 1.0 / torch.sqrt(mean_sq + float(eps))  # (M, 1)
+    mean_sq = (x64 * x64).sum(dim=1, keepdim=True) / n  # (M, 1); exact squares, no overflow
+    rstd = 1.0 / torch.sqrt(mean_sq + eps_float32(eps))  # (M, 1)
     out = x64 * rstd * w64  # (M, N)
     assert out.shape == (m, n) and rstd.shape == (m, 1)
     return out
@@ -150,15 +167,17 @@ def fused_add_rms_norm(
     ----------
     x, residual : Tensor (M, N), bfloat16, float16 or float32 (the same dtype)
     weight : Tensor (N,), x's dtype
-    eps : float, > 0 and finite once rounded to fp32 (the fast kernels add it in fp32)
+    eps : real, > 0 with a finite, nonzero float32 rounding (used rounded, as in :func:`rms_norm`)
     dim : int, the normalized dimension; only the last one (-1 or 1) is supported
 
     Returns
     -------
     (out, residual_out) : Tensors (M, N), both float64 (residual_out holds values of x's dtype
     exactly).  Row-local, hence bitwise invariant along every batch axis.  NaN and infinity
-    behave as in :func:`rms_norm` once added (inf + -inf = NaN); an overflowing sum becomes an
-    infinity of x's dtype.
+    behave as in :func:`rms_norm` once added (inf + -inf = NaN).  A finite x + residual past
+    x's dtype's range rounds to +-inf in residual_out (IEEE overflow), and that row of out is
+    then the rms_norm of a row holding an infinity: +-0 for its finite elements, NaN for the
+    infinite ones.  Such a row is an infinite input to the norm, not a finite one.
 
     Raises
     ------

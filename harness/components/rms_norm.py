@@ -6,11 +6,16 @@ Patterns (axis ``pattern``):
 
 * ``gaussian``: normal rows, each with its own scale 2^U(-3, 3).
 * ``specials``: that background with a quarter of the rows carrying special values from raw
-  bits (+-0, +-inf, quiet/signalling NaNs of both signs, NaN payloads, min/max subnormal, min
-  normal; max normal only for fp16, whose square cannot overflow fp32), injected sparsely,
-  plus structured rows: all-equal, all-zero, huge (2^56, or 2^12 for fp16), tiny (subnormal),
-  one huge element among tiny ones, alternating signs.
-* ``magnitudes``: row scales spread over 2^+-56 (2^-20..2^12 for fp16).
+  bits (the whole catalogue with its near-max values: +-0, +-inf, quiet/signalling NaNs of
+  both signs, NaN payloads, min/max subnormal, min/max normal, max normal - 1 ULP, the largest
+  power of two, the first power of two whose square overflows), injected sparsely, plus
+  structured rows: all-equal, all-zero, huge (2^56, or 2^12 for fp16), tiny (subnormal), one
+  huge element among tiny ones, alternating signs, and the :data:`EXTREME_ROWS`.
+* ``extremes``: every row one of :data:`EXTREME_ROWS` in turn (finite rows whose fp32 sum of
+  squares overflows: the issue's |x| ~ 1e20 and N x 3e17 rows, near-max and max-normal rows);
+  for the fused op the residual is small noise, or x itself on every third row, so that
+  x + residual overflows to inf there (an infinite row for the norm).
+* ``magnitudes``: row scales spread over 2^-100..2^124 (2^-20..2^13 for fp16).
 * ``cancellation`` (fused only): residual = -x exactly, or -x perturbed in its last bits, on
   many rows, so x + residual cancels to zero or to a few ULPs of x.
 
@@ -49,8 +54,10 @@ DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16,
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 EPS = 1e-6
 
-#: fp32 unit roundoff (the accumulation precision).
+#: fp32 unit roundoff (rstd's rounding and the fp32 products).
 U32 = 2.0**-24
+#: fp64 unit roundoff (the sum of squares, mean, eps add, sqrt and reciprocal; the reference).
+U64 = 2.0**-53
 #: Half the smallest fp32 subnormal: the absolute error of one fp32 rounding that underflows.
 FP32_UNDERFLOW = 2.0**-150
 #: Per output dtype: (unit roundoff of the final rounding, half its smallest subnormal).  fp32
@@ -69,48 +76,64 @@ def _gamma(k: int, u: float) -> float:
 # ---------------------------------------------------------------------------------- tolerance
 
 
-def out_bound(
-    h: torch.Tensor, weight: torch.Tensor, eps: float, ref_out: torch.Tensor, dtype: torch.dtype
-) -> torch.Tensor:
+def out_bound(n_cols: int, weight: torch.Tensor, ref_out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The largest allowed |fast - reference| per element of ``out`` (float64, (M, N)).
 
-    Derived for ``out = round(fl(fl(h * r) * w))``, ``r = 1 / sqrt_rn(mean_sq + eps)``:
+    Derived for the fast kernel's ``out = fl_out(fl32(fl32(fl32(h * s) * r) * w))`` with
+    ``s * r`` = rstd (s a power of two, r = fl32(rstd64 / s) a normal fp32) and
+    ``rstd64 = fl64(1 / fl64(sqrt(fl64(fl64(S / N) + eps32))))``, S the fp64 sum of the exact
+    squares; exact value ``o = h * w / sqrt(T)``, ``T = sum(h^2) / N + eps32`` (u = 2^-24,
+    v = 2^-53, gamma_k(v) = k v / (1 - k v)):
 
-    * t = mean(h^2) + eps in fp32: the N squares and N - 1 additions (any order), the division
-      by N, the rounding of eps to fp32 and the addition give t(1 + theta) with
-      ``|theta| <= gamma_(N+3)`` (gamma_k = k u / (1 - k u), u = 2^-24), plus an absolute
-      3 * 2^-150 from squares, mean and eps that underflow: eps_t = gamma_(N+3) + 3 * 2^-150 / t.
-    * r: sqrt and division are correctly rounded, so r = (1 / sqrt(t)) * (1 + rho) with
-      ``1 + rho <= (1 + u) / ((1 - u) * sqrt(1 - eps_t))``.
-    * two fp32 products: (1 + u)^2 relative, plus 2^-150 (|w| + 1) absolute when they underflow.
+    * T: N - 1 fp64 additions of nonnegative terms (any order), the division by N and the add
+      of eps32 >= 0: ``t = T (1 + theta)``, ``|theta| <= gamma_(N+1)(v)``; no fp64 underflow or
+      overflow (T in [2^-149, 2^256]).
+    * rstd64: sqrt and reciprocal in fp64, correctly rounded (Triton lowers fp64 ``/`` to
+      ``div.rn.f64`` and fp64 sqrt to ``sqrt.rn.f64``; numpy in the interpreter), counted as one
+      fp64 ULP (2v) each so that a merely faithful lowering would still be covered; then one
+      rounding to fp32 (r is normal): rstd = (1 + rho) / sqrt(T),
+      ``1 + rho <= (1 + 2v)(1 + u) / ((1 - 2v) sqrt(1 - gamma_(N+1)(v)))``.
+    * h * s: exact, or 2^-150 absolute when it underflows (only for s = 2^-64, where r <= 1).
+    * two fp32 products: (1 + u) each, plus 2^-150 absolute each when they underflow.
     * the final rounding to bf16 / fp16: (1 + u_out) relative plus half a subnormal.
-    * the fp64 reference's own error, gamma_(N+4) in fp64 (negligible, counted anyway).
 
-    h (float64, (M, N)) holds the exact normalized input (x, or residual_out for the fused op).
+    So ``|fast - o| <= |o| rel_f + 2^-150 ((2 + u)(1 + u) |w| + 1)(1 + u_out) + half_sub`` with
+    ``rel_f = (1 + rho)(1 + u)^2 (1 + u_out) - 1``: about 3u for fp32 outputs (1.5 to 3 ULP), and
+    u_out + 3u for bf16 / fp16.  No term grows with N beyond gamma_(N+1)(v) ~ N 2^-53.  The fp64
+    reference itself is within ``gamma_(N+5)(v) |o|`` of o (exact squares, N - 1 additions, a
+    division, an add, sqrt, reciprocal, two products), so
+    ``|fast - ref| <= |ref| (rel_f + g) / (1 - g) + floor`` with g = gamma_(N+5)(v).
+
+    Args:
+        n_cols: N, the hidden size (the length of the sum).
+        weight: (N,), the weight (any float dtype).
+        ref_out: (M, N) float64, the reference output.
+        dtype: the output dtype.
     """
-    n = h.shape[1]
-    t = (h * h).sum(dim=1, keepdim=True) / n + eps  # (M, 1), fp64
-    eps_t = _gamma(n + 3, U32) + 3.0 * FP32_UNDERFLOW / t
-    eps_t = eps_t.clamp(max=0.5)
-    one_plus_rho = (1.0 + U32) / ((1.0 - U32) * torch.sqrt(1.0 - eps_t))
+    g_sum = _gamma(n_cols + 1, U64)
+    one_plus_rho = (1.0 + 2 * U64) * (1.0 + U32) / ((1.0 - 2 * U64) * math.sqrt(1.0 - g_sum))
     u_out, half_sub = FINAL_ROUNDING[dtype]
-    rel = one_plus_rho * (1.0 + U32) ** 2 * (1.0 + u_out) * (1.0 + _gamma(n + 4, 2.0**-53)) - 1.0
-    w = weight.to(torch.float64).abs()  # (N,)
-    return ref_out.abs() * rel + FP32_UNDERFLOW * (w + 1.0) * (1.0 + rel) + half_sub
+    rel_f = one_plus_rho * (1.0 + U32) ** 2 * (1.0 + u_out) - 1.0
+    g_ref = _gamma(n_cols + 5, U64)
+    rel = (rel_f + g_ref) / (1.0 - g_ref)
+    w = weight.to(device=ref_out.device, dtype=torch.float64).abs()  # (N,)
+    floor = FP32_UNDERFLOW * ((2.0 + U32) * (1.0 + U32) * w + 1.0) * (1.0 + u_out) + half_sub
+    return ref_out.abs() * rel + floor
 
 
 def _bound_rms_norm(batch: Batch, ref: Outputs) -> Outputs:
     x = batch.rows["x"]
-    h = x.to(torch.float64)
-    return (out_bound(h, batch.shared["weight"], batch.shared["eps"], ref[0], x.dtype),)
+    return (out_bound(x.shape[1], batch.shared["weight"], ref[0], x.dtype),)
 
 
 JUSTIFICATION = (
-    "fp32 accumulation of N squares in a fixed but non-fp64 order: the sum, mean, eps add, sqrt_rn "
-    "and div_rn give rstd a relative error <= gamma_(N+3)/2 + 2u (u = 2^-24, from the fp64 "
-    "reference's own mean square), the two fp32 products 2u, and the one final rounding u_out "
-    "(2^-8 bf16, 2^-11 fp16, none for fp32) plus half a subnormal; underflowing fp32 steps add "
-    "2^-150 absolute each.  Bound = |ref| * rel + floor, per element, from the fp64 run."
+    "fp64 sum of the exact squares (any order: gamma_(N+1) in fp64 with mean and eps), rstd "
+    "correctly rounded in fp64 then rounded once to a normal fp32 (u = 2^-24), two fp32 products "
+    "(2u), one final rounding u_out (2^-8 bf16, 2^-11 fp16, none for fp32); underflowing fp32 "
+    "steps add 2^-150 absolute each, the final rounding half a subnormal; the fp64 reference's "
+    "own gamma_(N+5) is counted.  Bound = |ref| * ~(3u + u_out) + floor per element (1.5 to 3 "
+    "ULP for fp32): an fp32 sum of squares fails it (by overflow on the extremes rows, by "
+    "rounding alone on some fp32 gaussian rows), and so would any bf16 step."
 )
 
 
@@ -132,10 +155,9 @@ def _weight(n: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def special_patterns(dtype: torch.dtype) -> list[Any]:
-    """The catalogue entries injected by ``specials``: all but max normal for bf16/fp32 (whose
-    square overflows the fp32 sum of squares, a documented departure from the reference)."""
-    keep = [p for p in catalogue(dtype) if not p.name.endswith("max_normal") or dtype == torch.float16]
-    return keep
+    """The catalogue entries injected by ``specials``: all of them, near-max values included
+    (the fp64 sum of squares has no overflow to leave out)."""
+    return list(catalogue(dtype, near_max=True))
 
 
 def _huge_tiny(dtype: torch.dtype) -> tuple[float, float]:
@@ -144,13 +166,58 @@ def _huge_tiny(dtype: torch.dtype) -> tuple[float, float]:
     return 2.0**56, 2.0**-130
 
 
+#: Finite rows whose squares or sum of squares overflow fp32 (bf16/fp32) or fp16 (fp16 rows),
+#: built by :func:`extreme_row`; the ``extremes`` pattern cycles through them and ``specials``
+#: places one of each.  An fp32 sum of squares returns 0 for all but the fp16 rows.
+EXTREME_ROWS: tuple[str, ...] = (
+    "rms_1e20",  # N(0, 1e20^2) (fp16: N(0, 2^13^2)), the issue's |x| ~ 1e20 row
+    "constant_3e17",  # N x 3e17 (fp16: N x 6e4): sum 4096 * 9e34 > 3.4e38
+    "square_overflow",  # +-2^64 (fp16: +-256), the smallest power of two whose square overflows
+    "near_max",  # +-U[max / 2, max), random signs
+    "max_normal",  # +-max normal, random signs
+    "max_among_gaussian",  # one +-max normal in an N(0, 1) row
+    "max_among_subnormals",  # one +-max normal among subnormals (their outputs underflow)
+)
+
+
+def extreme_row(dtype: torch.dtype, n: int, name: str, g: torch.Generator) -> torch.Tensor:
+    """Row ``name`` of :data:`EXTREME_ROWS`: (n,) of ``dtype``, every element finite."""
+    fp16 = dtype == torch.float16
+    top = torch.finfo(dtype).max
+    signs = torch.where(torch.rand(n, generator=g, dtype=torch.float64) < 0.5, -1.0, 1.0)
+    col = int(torch.randint(n, (1,), generator=g))
+    if name == "rms_1e20":
+        row = torch.randn(n, generator=g, dtype=torch.float64) * (2.0**13 if fp16 else 1e20)
+    elif name == "constant_3e17":
+        row = torch.full((n,), 6e4 if fp16 else 3e17, dtype=torch.float64)
+    elif name == "square_overflow":
+        row = signs * (2.0**8 if fp16 else 2.0**64)
+    elif name == "near_max":
+        row = signs * top * torch.empty(n, dtype=torch.float64).uniform_(0.5, 1.0, generator=g)
+    elif name == "max_normal":
+        row = signs * top
+    elif name in ("max_among_gaussian", "max_among_subnormals"):
+        scale = 1.0 if name == "max_among_gaussian" else _huge_tiny(dtype)[1]
+        row = torch.randn(n, generator=g, dtype=torch.float64) * scale
+        row[col] = float(signs[col]) * top
+    else:
+        raise ValueError(f"extreme row: expected one of {EXTREME_ROWS}, got {name!r}")
+    out = row.to(dtype)
+    assert bool(torch.isfinite(out).all()), name
+    return out
+
+
 def make_rows(dtype: torch.dtype, m: int, n: int, kind: str, g: torch.Generator) -> torch.Tensor:
     """One (M, N) input tensor of ``dtype`` on the CPU for pattern ``kind``."""
     huge, tiny = _huge_tiny(dtype)
     if kind == "magnitudes":
-        lo, hi = (-20.0, 12.0) if dtype == torch.float16 else (-56.0, 56.0)
+        lo, hi = (-20.0, 13.0) if dtype == torch.float16 else (-100.0, 124.0)
         scale = torch.exp2(torch.empty(m, 1).uniform_(lo, hi, generator=g))
         return (torch.randn(m, n, generator=g) * scale).to(dtype)
+    if kind == "extremes":
+        first = int(torch.randint(len(EXTREME_ROWS), (1,), generator=g))
+        names = [EXTREME_ROWS[(first + i) % len(EXTREME_ROWS)] for i in range(m)]
+        return torch.stack([extreme_row(dtype, n, name, g) for name in names]).reshape(m, n)
     x = _background(m, n, g).to(dtype)
     if kind != "specials":
         return x
@@ -166,6 +233,7 @@ def make_rows(dtype: torch.dtype, m: int, n: int, kind: str, g: torch.Generator)
         if n > 1
         else torch.tensor([huge]),
         torch.where(torch.arange(n) % 2 == 0, 1.5, -1.5),  # alternating signs
+        *(extreme_row(dtype, n, name, g) for name in EXTREME_ROWS),
     ]
     for i, row in enumerate(structured):
         if m > 1 and i < m:
@@ -174,9 +242,13 @@ def make_rows(dtype: torch.dtype, m: int, n: int, kind: str, g: torch.Generator)
 
 
 def make_residual(x: torch.Tensor, kind: str, g: torch.Generator) -> torch.Tensor:
-    """The residual operand for ``x`` (fused op): ``cancellation`` makes x + residual cancel."""
+    """The residual operand for ``x`` (fused op): ``cancellation`` makes x + residual cancel;
+    ``extremes``: small noise (h = x, up to rounding: finite extreme rows), and x itself on every
+    third row (h = 2x: near-max rows overflow to +-inf in residual_out)."""
     m, n = x.shape
-    r = make_rows(x.dtype, m, n, "gaussian" if kind == "cancellation" else kind, g)
+    r = make_rows(x.dtype, m, n, "gaussian" if kind in ("cancellation", "extremes") else kind, g)
+    if kind == "extremes":
+        r[2::3] = x[2::3]
     if kind == "cancellation":
         which = torch.randint(3, (m,), generator=g)
         exact = which == 0
@@ -228,13 +300,19 @@ def make_cases(name: str, fused: bool) -> Callable[[Lane], Sequence[Case]]:
         extra = "cancellation" if fused else "magnitudes"
         if lane is Lane.CPU:
             # Small hidden sizes (one odd) and 1..300 rows: the interpreter runs up to 128 rows
-            # per program; 255/256/257/300 straddle the baseline's 256-row switch.
+            # per program; 255/256/257/300 straddle the baseline's 256-row switch.  The
+            # ``extremes`` rows: the issue's N = 4096 (fp32, bf16), fp16, and 9000 columns (the
+            # chunked path: three 4096-column chunks).
             spec = [
                 ("fp32", 320, 300, "gaussian", "contiguous"),
                 ("bf16", 256, 257, "specials", "contiguous"),
                 ("fp16", 127, 256, extra, "contiguous"),
                 ("bf16", 96, 255, "specials", "strided"),
                 ("fp32", 127, 1, "specials", "contiguous"),
+                ("fp32", 4096, 2, "extremes", "contiguous"),
+                ("bf16", 4096, 2, "extremes", "strided"),
+                ("fp16", 200, 21, "extremes", "contiguous"),
+                ("fp32", 9000, 3, "extremes", "contiguous"),
             ]
         else:
             spec = [
@@ -249,6 +327,10 @@ def make_cases(name: str, fused: bool) -> Callable[[Lane], Sequence[Case]]:
                 ("fp32", 2048, 4096, "specials", "contiguous"),
                 ("bf16", 7168, 512, extra, "contiguous"),
                 ("fp16", 5121, 300, "gaussian", "strided"),
+                ("bf16", 4096, 64, "extremes", "contiguous"),
+                ("fp32", 4096, 33, "extremes", "strided"),
+                ("fp16", 8192, 17, "extremes", "contiguous"),
+                ("fp32", 16384, 7, "extremes", "contiguous"),
             ]
         return [
             Case(name, {"dtype": d, "hidden": n, "num_rows": m, "pattern": p, "layout": lay}, seed=i)
@@ -278,7 +360,7 @@ def make_bench_cases(name: str) -> Callable[[Lane], Sequence[Case]]:
 
 def make_strategy(name: str, fused: bool) -> Callable[[Lane, torch.device], Any]:
     build = make_builder(fused)
-    patterns = ["gaussian", "specials", "magnitudes", *(["cancellation"] if fused else [])]
+    patterns = ["gaussian", "specials", "magnitudes", "extremes", *(["cancellation"] if fused else [])]
 
     def strategy(lane: Lane, device: torch.device) -> Any:
         from hypothesis import strategies as st
@@ -366,14 +448,14 @@ def make_error_cases(fused: bool) -> Callable[[torch.device], list[ErrorCase]]:
 
 COMPONENT = Component(
     name="rms_norm",
-    summary="out = x * w / sqrt(mean(x^2) + eps) per row; fp32 accumulation in an order fixed by the hidden size",
+    summary="out = x * w / sqrt(mean(x^2) + eps) per row; fp64 sum of squares in an order fixed by the hidden size",
     reference=reference.rms_norm,
     fast=fast.rms_norm,
     baselines=(
         Baseline(
             name="rows_block",
             fn=baselines.rms_norm_rows_block,
-            why="the column tile (hence the order of the sum of squares) switches at 256 rows",
+            why="the column tile (hence the order of its fp32 sum of squares) switches at 256 rows",
         ),
         Baseline(
             name="torch",
