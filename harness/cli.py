@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,27 @@ def _positive_int(text: str) -> int:
     return value
 
 
+MAX_JOBS = 256
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise UsageError(f"--axes: duplicate key(s) {duplicates}")
+    return dict(pairs)
+
+
+def _seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {text}")
+    return value
+
+
 def _axes(text: str) -> dict[str, object]:
     try:
-        axes = json.loads(text)
+        axes = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise UsageError(f"--axes: expected a JSON object, got {text!r} ({exc.msg})") from None
     if not isinstance(axes, dict):
@@ -78,10 +97,14 @@ def _report_path(args: argparse.Namespace, lane: Lane) -> Path:
     )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", encoding="utf-8"):
-            pass
     except OSError as exc:
         raise UsageError(f"--report: cannot write {str(path)!r} ({exc.strerror or exc})") from None
+    if (
+        path.is_dir()
+        or not os.access(path.parent, os.W_OK)
+        or (path.exists() and not os.access(path, os.W_OK))
+    ):
+        raise UsageError(f"--report: cannot write {str(path)!r} (not a writable file path)")
     return path
 
 
@@ -94,8 +117,8 @@ def _jobs(args: argparse.Namespace, lane: Lane) -> int:
         jobs = int(args.jobs)
     except ValueError:
         jobs = 0
-    if jobs < 1:
-        raise UsageError(f"--jobs: expected 'auto' or an integer >= 1, got {args.jobs!r}")
+    if not 1 <= jobs <= MAX_JOBS:
+        raise UsageError(f"--jobs: expected 'auto' or an integer in [1, {MAX_JOBS}], got {args.jobs!r}")
     return jobs
 
 
@@ -110,8 +133,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     lane = _lane(args)
     console = wide_console()
     comps = components(args.components or None)
-    report_path = _report_path(args, lane)
     jobs = _jobs(args, lane)
+    report_path = _report_path(args, lane)
     env = environment(lane)
     console.print(
         f"[bold]batchinv sweep[/] lane={lane.value} device={env['device']} torch={env['torch']} "
@@ -183,10 +206,12 @@ def _validated_case(comp: Any, lane: Lane, axes: dict[str, Any], seed: int, chec
             f"--check: {check!r} does not apply to {comp.name} (its checks: {', '.join(comp.applicable_checks())})"
         )
     known: dict[str, set[type]] = {}
+    seen: dict[str, list[Any]] = {}
     for some_lane in Lane:
         for case in comp.cases(some_lane):
             for key, value in case.axes.items():
                 known.setdefault(key, set()).add(type(value))
+                seen.setdefault(key, []).append(value)
     unknown = sorted(set(axes) - set(known))
     missing = sorted(set(known) - set(axes))
     if unknown:
@@ -197,6 +222,7 @@ def _validated_case(comp: Any, lane: Lane, axes: dict[str, Any], seed: int, chec
         if type(value) not in known[key]:
             wanted = " or ".join(sorted(t.__name__ for t in known[key]))
             raise UsageError(f"--axes: key {key!r} expects {wanted}, got {type(value).__name__} {value!r}")
+        _check_axis_value(key, value, seen[key])
     case = Case(comp.name, axes, seed)
     import torch
 
@@ -205,6 +231,33 @@ def _validated_case(comp: Any, lane: Lane, axes: dict[str, Any], seed: int, chec
     except Exception as exc:  # the builder's own message names the axis and the accepted range
         raise UsageError(f"--axes: {comp.name} cannot build this case: {exc}") from None
     return case
+
+
+def _leaves(value: Any) -> list[Any]:
+    return [x for v in value for x in _leaves(v)] if isinstance(value, list) else [value]
+
+
+def _check_axis_value(key: str, value: Any, seen: list[Any]) -> None:
+    """The value of ``key`` against the registered cases' values: a string must be one of theirs
+    (a builder may read an unknown one as its default), list items of their types, and numbers
+    in their sign range (positive where every registered value is; sizes, k, counts)."""
+    if isinstance(value, str):
+        names = sorted({v for v in seen if isinstance(v, str)})
+        if value not in names:
+            raise UsageError(f"--axes: key {key!r} expects one of {names}, got {value!r}")
+        return
+    leaves, seen_leaves = _leaves(value), [x for v in seen for x in _leaves(v)]
+    types = {type(x) for x in seen_leaves}
+    for item in leaves:
+        if type(item) not in types:
+            wanted = " or ".join(sorted(t.__name__ for t in types))
+            raise UsageError(f"--axes: key {key!r} expects items of {wanted}, got {item!r}")
+        numbers = [x for x in seen_leaves if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        if isinstance(item, (int, float)) and not isinstance(item, bool) and numbers:
+            if min(numbers) > 0 and not item > 0:
+                raise UsageError(f"--axes: key {key!r} expects a value > 0, got {item!r}")
+            if min(numbers) >= 0 and not item >= 0:
+                raise UsageError(f"--axes: key {key!r} expects a value >= 0, got {item!r}")
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
@@ -293,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("component")
     p.add_argument("--check", required=True)
     p.add_argument("--subject", default="fast", help="'fast' or a baseline name")
-    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--seed", type=_seed, required=True)
     p.add_argument("--axes", required=True, help="the case's axes as JSON")
     p.add_argument("--max-m", type=_positive_int, default=None)
     add_lane(p)

@@ -8,7 +8,8 @@ position, on row_start or on the partition count, and watch each driver catch it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +18,26 @@ from batchinv.harness.compare import BitwiseReport, compare_bitwise
 from batchinv.harness.registry import Batch, Outputs, as_outputs
 
 Impl = Callable[[Batch], Outputs]
+
+
+class ContractViolation(Exception):
+    """A subject broke the component's calling contract (it wrote into its inputs, or returned
+    another number of outputs, shape or dtype than before): an error of the check, never a
+    detection of variance and never a pass."""
+
+
+@contextmanager
+def inputs_untouched(batch: Batch) -> Iterator[None]:
+    """Raise :class:`ContractViolation` if the code inside writes into any tensor of ``batch``
+    (every byte of each tensor's storage is compared, hidden padding included)."""
+    tensors = {**batch.rows, **{k: v for k, v in batch.shared.items() if isinstance(v, torch.Tensor)}}
+    before = {k: t.untyped_storage().clone() for k, t in tensors.items()}
+    yield
+    for name, t in tensors.items():
+        a = torch.empty(0, dtype=torch.uint8, device=t.device).set_(before[name])
+        b = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+        if not torch.equal(a, b):
+            raise ContractViolation(f"the subject wrote into its input {name!r}")
 
 
 class VarianceDetected(AssertionError):
@@ -50,12 +71,25 @@ class DriverResult:
     where: list[str] = field(default_factory=list)
     detail: str = ""
     first_difference: str = ""
+    comparisons: int = 0
+    vacuous: str = "the case has no rows"
     _rows: set[int] = field(default_factory=set, repr=False)
 
     def record(
-        self, label: str, reports: Sequence[BitwiseReport], row_ids: Sequence[int] | None = None
+        self,
+        label: str,
+        reports: Sequence[BitwiseReport],
+        row_ids: Sequence[int] | None = None,
+        *,
+        meaningful: bool = True,
     ) -> None:
-        """Fold in the per-output reports of one sweep point (``row_ids`` maps local rows to ids)."""
+        """Fold in the per-output reports of one sweep point (``row_ids`` maps local rows to ids).
+
+        ``meaningful=False`` marks a comparison that cannot show variance (a launch compared
+        with itself, e.g. M equal to the batch's rows); a check with no meaningful comparison
+        is reported ``skip``, never ``pass``."""
+        if meaningful and any(r.rows_total for r in reports):
+            self.comparisons += 1
         self.rows_total = max(self.rows_total, max((r.rows_total for r in reports), default=0))
         bad = [r for r in reports if not r.equal]
         if not bad:
@@ -77,10 +111,19 @@ class DriverResult:
 
 
 def compare_outputs(expected: Outputs, actual: Outputs) -> list[BitwiseReport]:
-    """Bitwise reports of each output pair (a count mismatch is a failure)."""
+    """Bitwise reports of each output pair.
+
+    Raises:
+        ContractViolation: another number of outputs, or an output of another dtype or shape:
+            the subject broke its contract (an error), which is not different bits (variance).
+    """
     if len(expected) != len(actual):
-        n = expected[0].shape[0] if expected and expected[0].dim() else 1
-        return [BitwiseReport(False, n, n, reason=f"{len(actual)} outputs, expected {len(expected)}")]
+        raise ContractViolation(f"{len(actual)} outputs, expected {len(expected)} as in the other launch")
+    for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
+        if e.dtype != a.dtype or e.shape != a.shape:
+            raise ContractViolation(
+                f"output {i}: {a.dtype} {tuple(a.shape)}, expected {e.dtype} {tuple(e.shape)} as in the other launch"
+            )
     return [compare_bitwise(e, a) for e, a in zip(expected, actual, strict=True)]
 
 
@@ -96,13 +139,15 @@ def _call(fn: Impl, batch: Batch) -> Outputs:
 
 def batch_prefix(fn: Impl, batch: Batch, ms: Sequence[int]) -> DriverResult:
     """``fn(batch[:M]) == fn(batch)[:M]`` bitwise for every ``M`` in ``ms`` (M <= rows)."""
-    result = DriverResult()
+    result = DriverResult(vacuous=f"no M of the sweep is below the case's {batch.num_rows} rows")
     full = _call(fn, batch)
     for m in ms:
         if m > batch.num_rows:
             continue
         part = _call(fn, batch.take(slice(0, m)))
-        result.record(f"M={m}", compare_outputs(_rows(full, slice(0, m)), part))
+        result.record(
+            f"M={m}", compare_outputs(_rows(full, slice(0, m)), part), meaningful=m < batch.num_rows
+        )
     return result
 
 
@@ -119,7 +164,7 @@ def position(
     ``neighbours`` is replaced by row ``t`` for each ``p`` in ``positions`` and the output at ``p``
     must be bitwise equal.
     """
-    result = DriverResult()
+    result = DriverResult(vacuous="one row: there is no other position")
     alone = _call(fn, batch)
     n = neighbours.num_rows
     for t in targets:
@@ -131,7 +176,9 @@ def position(
                 [neighbours.take(slice(0, p)), batch.take([t]), neighbours.take(slice(p + 1, n))]
             )
             got = _rows(_call(fn, placed), p)
-            result.record(f"row {t} at position {p}/{n}", compare_outputs(expected, got), [t])
+            result.record(
+                f"row {t} at position {p}/{n}", compare_outputs(expected, got), [t], meaningful=n > 1
+            )
     return result
 
 

@@ -35,7 +35,7 @@ from typing import Any
 from batchinv.harness import compile_stats
 from batchinv.harness.checks import FAST, REFERENCE_PATH, CheckResult, control_results, run_check, run_checks
 from batchinv.harness.lanes import Lane
-from batchinv.harness.registry import INVARIANCE_CHECKS, Baseline, Component, m_sweep
+from batchinv.harness.registry import INVARIANCE_CHECKS, Baseline, Component
 
 
 @dataclass
@@ -268,9 +268,16 @@ def _execute(
         initargs=(lane.value, threads),
     )
     pending: dict[Future[Any], Unit] = {}
+    # Workers are started while units are submitted; they are born with SIGINT ignored (an
+    # ignored signal stays ignored across exec), so a Ctrl-C in the terminal reaches only this
+    # process, which ends them: no worker prints a traceback from the middle of an import.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         for unit in units:
             pending[pool.submit(_worker_run, unit, lane.value, m_limit)] = unit
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
@@ -278,12 +285,12 @@ def _execute(
                 results, stats = fut.result()
                 yield unit, results, stats
     finally:
-        for fut in pending:
-            fut.cancel()
         if pending:  # interrupted: end the workers now instead of waiting for their units
             for proc in list(getattr(pool, "_processes", {}).values()):
                 proc.terminate()
-        pool.shutdown(wait=not pending, cancel_futures=True)
+        # No future is cancelled by hand: the pool fails the pending ones itself once its
+        # workers are gone (cancelling them first makes its manager thread raise).
+        pool.shutdown(wait=True)
 
 
 def _check_registered(components: Sequence[Component]) -> None:
@@ -330,7 +337,6 @@ def run_sweep(
                 )
     failures: list[CheckResult] = []
     stats = compile_stats.CompileStats()
-    cut = m_limit is not None and m_limit < max(m_sweep(lane))
     for unit, results, unit_stats in _execute(
         by_name, _units(comps, lane, include_baselines), lane, m_limit, jobs
     ):
@@ -351,7 +357,7 @@ def run_sweep(
         if ctrl.verdict == "inconclusive":
             if baseline.is_pin_candidate:
                 ctrl.verdict = "invariant"
-            elif cut:
+            elif any(r.m_cut for r in results):
                 ctrl.verdict = f"not reached (--max-m {m_limit})"
     return SweepOutcome(
         list(checks.values()),

@@ -256,8 +256,10 @@ def _cli(capsys, *argv: str) -> tuple[int, str]:
         ({"colour": 3}, "agreement", r"--axes: unknown key\(s\) \['colour'\]"),
         ({"k": None}, "agreement", r"--axes: missing key\(s\) \['k'\]"),
         ({"num_rows": "3"}, "agreement", r"--axes: key 'num_rows' expects int, got str '3'"),
-        ({"rows": "plaid"}, "agreement", r"--axes: topk cannot build this case: .*rows.*'plaid'"),
-        ({"num_rows": -2}, "agreement", r"--axes: topk cannot build this case"),
+        ({"rows": "plaid"}, "agreement", r"--axes: key 'rows' expects one of \[.*'mixed'.*\], got 'plaid'"),
+        ({"bounds": "int16"}, "agreement", r"--axes: key 'bounds' expects one of \['int32', 'int64'\]"),
+        ({"num_rows": -2}, "agreement", r"--axes: key 'num_rows' expects a value > 0, got -2"),
+        ({"k": 0}, "agreement", r"--axes: key 'k' expects a value > 0, got 0"),
     ],
 )
 def test_repro_mistakes_are_usage_errors_naming_the_key(capsys, change, check, message):
@@ -381,3 +383,154 @@ def test_the_parallel_sweep_runs_every_check_and_gets_the_verdicts():
     }
     with pytest.raises(ValueError, match="registered components only"):
         run_sweep([_toy()], Lane.CPU, jobs=2)
+
+
+# --- review findings: contract violations are errors, vacuous checks are not passes ----------
+
+
+def _writes_into_input(x):
+    x.zero_()
+    return torch.zeros_like(x)
+
+
+def _baseline_writes_into_input(x):
+    x.mul_(2.0)
+    return x * 1.0
+
+
+def _extra_row(x):
+    return torch.cat([x * 2.0, torch.zeros_like(x[:1])])
+
+
+def _output_count_depends_on_m(x):
+    return (x * 2.0, x * 3.0) if x.shape[0] == 1 else x * 2.0
+
+
+def test_a_subject_writing_into_its_inputs_is_an_error_never_agreement_or_variance():
+    outcome = run_sweep(
+        [_toy(fast=_writes_into_input, baselines=[Baseline("mutates", _baseline_writes_into_input, "x")])],
+        Lane.CPU,
+    )
+    agreement = next(c for c in outcome.checks if c.check == "agreement")
+    assert agreement.status == "error"
+    assert "wrote into its input 'x'" in outcome.failures[0].detail
+    (ctrl,) = outcome.controls
+    assert ctrl.verdict == "error" and "wrote into its input" in ctrl.detail
+
+
+@pytest.mark.parametrize("fn", [_extra_row, _output_count_depends_on_m])
+def test_another_shape_or_output_count_is_an_error_not_a_detection(fn):
+    with pytest.raises(BaselineCrashed, match="ContractViolation"):
+        negative_control(_toy(baselines=[Baseline("odd", fn, "x")]), "odd", Lane.CPU)
+
+
+def _toy_rows(rows: int, **kw):
+    comp = _toy(**kw)
+    return Component(
+        **{**comp.__dict__, "cases": lambda lane: [Case("toy", {"rows": rows, "cols": 8}, seed=0)]}
+    )
+
+
+def test_checks_that_compare_nothing_are_skipped_not_passed():
+    empty = run_sweep([_toy_rows(0)], Lane.CPU, include_baselines=False)
+    assert {c.check: c.status for c in empty.checks} == dict.fromkeys(
+        ("agreement", "batch_prefix", "position", "repeat"), "skip"
+    )
+    one = {c.check: c.status for c in run_sweep([_toy_rows(1)], Lane.CPU, include_baselines=False).checks}
+    assert one == {"agreement": "pass", "batch_prefix": "skip", "position": "skip", "repeat": "pass"}
+
+
+def test_max_m_that_cuts_nothing_the_cases_could_run_leaves_the_verdict_inconclusive():
+    comp = _toy(baselines=[Baseline("pinned_too", _scale, "invariant")])
+    assert run_sweep([comp], Lane.CPU, m_limit=512).controls[0].verdict == "inconclusive"
+    assert not run_sweep([comp], Lane.CPU, m_limit=512).ok
+    assert run_sweep([comp], Lane.CPU, m_limit=16).controls[0].verdict == "not reached (--max-m 16)"
+
+
+def test_a_refused_sweep_leaves_an_existing_report_alone(capsys, tmp_path):
+    precious = tmp_path / "precious.jsonl"
+    precious.write_text("keep me\n")
+    code, err = _cli(capsys, "sweep", "mean", "--lane", "cpu", "--report", str(precious), "--jobs", "0")
+    assert code == 2 and precious.read_text() == "keep me\n"
+    code, err = _cli(capsys, "sweep", "mean", "--lane", "cpu", "--jobs", str(2**31))
+    assert code == 2 and "--jobs" in err
+
+
+@pytest.mark.parametrize(
+    ("axes_text", "message"),
+    [
+        ('{"k": 512, "k": 1024}', r"duplicate key\(s\) \['k'\]"),
+        (json.dumps({**TOPK_AXES, "num_cols": 7.5}), r"key 'num_cols' expects int, got float"),
+    ],
+)
+def test_more_axes_mistakes_are_usage_errors(capsys, axes_text, message):
+    import re
+
+    code, err = _cli(
+        capsys, "repro", "topk", "--lane", "cpu", "--check", "agreement", "--seed", "0", "--axes", axes_text
+    )
+    assert code == 2 and re.search(message, err), err
+
+
+def test_list_items_and_seeds_are_checked(capsys):
+    axes = {
+        "dtype": "float32",
+        "keepdim": False,
+        "layout": "contiguous",
+        "out_dtype": None,
+        "shape": [40, True],
+        "values": "normal",
+    }
+    code, err = _cli(
+        capsys,
+        "repro",
+        "mean",
+        "--lane",
+        "cpu",
+        "--check",
+        "agreement",
+        "--seed",
+        "0",
+        "--axes",
+        json.dumps(axes),
+    )
+    assert code == 2 and "expects items of int" in err, err
+    with pytest.raises(SystemExit) as info:
+        main(["repro", "mean", "--lane", "cpu", "--check", "agreement", "--seed", str(2**64), "--axes", "{}"])
+    assert info.value.code == 2
+
+
+@pytest.mark.cpu
+def test_ctrl_c_to_the_whole_process_group_during_worker_start_up_prints_no_traceback(tmp_path):
+    """As a terminal delivers it: SIGINT to every process of the group, while workers import."""
+    report = tmp_path / "early.jsonl"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "batchinv.harness.cli",
+            "sweep",
+            "mean",
+            "--lane",
+            "cpu",
+            "--no-progress",
+            "--jobs",
+            "2",
+            "--report",
+            str(report),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (report.exists() and report.read_text()):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err + out and "Exception in thread" not in err, err
+    assert str(report) in err
