@@ -285,14 +285,14 @@ def _toleranced_agreement(
     result.worst_rel = max(t.worst_rel for t in tol_reports)
     result.bound_ratio = _finite_or_none(max(t.worst_ratio for t in tol_reports))
     parts = []
-    if masks is not None:
-        held, total = exact_counts
+    held, total = exact_counts
+    if held:
         state = f"{len(bad_e)} output(s) differ: {bad_e[0]}" if bad_e else "bitwise equal"
         parts.append(f"exact (one rounding of the exact value) on {held}/{total} elements: {state}")
-    if masks is None or exact_counts[0] < exact_counts[1]:
+    if held < total:
         worst = bad_t[0] if bad_t else max(tol_reports, key=lambda t: t.worst_ratio)
         kind = "tight bound" if tight is not None else "bound"
-        text = f"elsewhere {worst}" if masks is not None else str(worst)
+        text = f"elsewhere {worst}" if held else str(worst)
         text = text.replace("worst error / bound", f"worst error / {kind}")
         if hard_reports:
             hard_ratio = max(t.worst_ratio for t in hard_reports)
