@@ -287,9 +287,9 @@ def tight_bound(
     that order of operations, not a probabilistic estimate; it is far below
     :func:`tolerance_bound` on ordinary data because ``|P_g|`` is the size of the partial sum,
     not of ``S``: for random-sign products it grows like ``sqrt(k)``, so at K = 4096 the bound
-    is ~0.01 of the rigorous one.  A TF32 operand rounding (a random ``2**-11`` of each
-    product), a bf16 rounding of fp32 logits (``2**-9 |ref|``), 16-bit accumulation (``2**-9`` or
-    ``2**-12`` of each partial sum, per step) and a dropped product all exceed it.
+    is 2-6% of the rigorous one (G = 16).  A TF32 operand rounding (a random ``2**-11`` of each
+    product), a bf16 rounding of fp32 logits (up to ``2**-8 |ref|``), 16-bit accumulation (up to ``2**-8`` or
+    ``2**-11`` of each partial sum, per step) and a dropped product all exceed it.
 
     ``group`` must be the lane's grouping or coarser-aligned: the caller
     (``harness/components/matmul.py``) passes 16 on GPU lanes and ``BLOCK_K`` on the

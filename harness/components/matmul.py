@@ -430,7 +430,7 @@ COMPONENT = Component(
             "step errs by at most gamma_(G+2) (eps = 2**-23, truncating adders allowed) of |accumulator| "
             "+ the group's sum |x w|.  Summed over the steps with the exact partial sums P_g from fp64: "
             "gamma_(G+2) (sum_g |P_g| + S) plus second-order terms, then the bias and output roundings. "
-            "|P_g| grows like sqrt(k) for random signs where S grows like k, so at K = 4096 this is ~1% "
+            "|P_g| grows like sqrt(k) for random signs where S grows like k, so at K = 4096 this is 2-6% "
             "of the any-order bound: TF32 operands, a bf16 rounding of fp32 logits, 16-bit accumulation "
             "and a dropped product exceed it."
         ),
