@@ -20,10 +20,10 @@ reduction's depth, the fixed-point combine's truncation and the output dtype's u
 (see :func:`mean_bound`).
 
 The value kind ``lane_cancel`` (mean only) builds rows against the lane width ``block_n`` of
-this lane's config: the first half of the lanes positive, the second half their exact negation,
-and one tiny element at the grid of the largest lane, so the exact sum is that tiny value, the
-pinned kernel computes it exactly, and a float sum of the lanes in any order that adds 256 or
-more same-signed lanes first (numpy's pairwise sum, a GPU's per-warp tree) rounds it away.
+this lane's config: runs of positive lanes, each followed by its exact negation, and one tiny
+element at the grid of the largest lane, so the exact sum is that tiny value, the pinned kernel
+computes it exactly, and a float sum of the lanes that adds 256 or more same-signed lanes first
+(numpy's pairwise sum, a GPU's per-warp tree) rounds it away (see :func:`lane_cancel_rows`).
 """
 
 from __future__ import annotations
@@ -94,30 +94,41 @@ MEAN_ROW_KINDS: tuple[str, ...] = (
 )
 
 
+#: Sign period of ``lane_cancel`` lanes (at most): lanes j with ``j mod P < P / 2`` are positive.
+LANE_CANCEL_PERIOD = 1024
+
+
 def lane_cancel_rows(
     num_rows: int, num_cols: int, dtype: torch.dtype, block_n: int, gen: torch.Generator
 ) -> torch.Tensor:
-    """(rows, cols) CPU values whose lanes (columns ``j mod block_n``) cancel in halves.
+    """(rows, cols) CPU values whose lanes (columns ``j mod block_n``) cancel in pairs.
 
-    With ``c = num_cols // block_n`` full chunks and ``h = block_n / 2``: column ``t block_n + j``
-    holds ``b[t, j]`` for ``j < h`` and ``-b[t, j - h]`` above, each ``b`` in ``[1, 1.9) 2**E / c``
-    with ``E = ceil(log2 c)`` (so every lane lies in ``[2**E, 2**(E+1))``); the tail is zero.
-    In each row one ``b[0, j0]`` is replaced by ``2**(E - 45)`` -- the fixed-point grid of the
-    largest lane -- and its partner by 0, so the exact sum is ``2**(E - 45)``.  The lanes and
-    their combine are exact, so the pinned kernel returns that value; a float sum of the lanes
-    holding 256 positive lanes at once needs 54 bits there and rounds it to 0 or twice itself.
+    With ``c = num_cols // block_n`` full chunks, ``P = min(block_n, 1024)`` and ``h = P / 2``:
+    column ``t block_n + j`` holds ``b[t, j]`` where ``j mod P < h`` and ``-b[t, j - h]`` where
+    not, each ``b`` in ``[1, 1.9) 2**E / c`` with ``E = ceil(log2 c)`` (every lane lies in
+    ``[2**E, 2**(E+1))``); the tail is zero.  In each row one ``b[0, j0]`` is replaced by
+    ``2**(E - 45)`` -- the fixed-point grid of the largest lane -- and its partner by 0, so the
+    exact sum is ``2**(E - 45)``.  The lanes and their combine are exact, so the pinned kernel
+    returns that value; a float sum of the lanes that adds 256 positive ones first needs 54 bits
+    there and rounds it to 0 or twice itself.  Positive lanes come in runs of ``h`` >= 256 (numpy's
+    pairwise sum adds two 128-lane blocks of one run) and a lane shares its sign with the lanes
+    a multiple of P away (a GPU thread's registers hold lanes block_n / 2, block_n / 4... apart).
     fp32 and bf16 only (fp16 has no 2**(E - 45)).
     """
-    if dtype == torch.float16 or num_cols < block_n or block_n < 2:
+    if dtype == torch.float16 or num_cols < block_n or block_n < 512:
         raise ValueError(
-            f"lane_cancel: needs fp32 or bf16 and num_cols >= block_n = {block_n}, got {dtype}, {num_cols}"
+            f"lane_cancel: needs fp32 or bf16 and num_cols >= block_n = {block_n} >= 512, "
+            f"got {dtype}, {num_cols}"
         )
-    chunks, half = num_cols // block_n, block_n // 2
+    chunks = num_cols // block_n
+    period = min(block_n, LANE_CANCEL_PERIOD)
+    half = period // 2
     top = math.ceil(math.log2(chunks))
     scale = 2.0**top / chunks
-    b = ((1.0 + 0.9 * torch.rand(num_rows, chunks, half, generator=gen)) * scale).to(dtype)
+    groups = block_n // period
+    b = ((1.0 + 0.9 * torch.rand(num_rows, chunks, groups, half, generator=gen)) * scale).to(dtype)
     x = torch.zeros(num_rows, num_cols, dtype=dtype)
-    body = x[:, : chunks * block_n].view(num_rows, chunks, block_n)
+    body = x[:, : chunks * block_n].view(num_rows, chunks, groups, period)
     body[..., :half] = b
     body[..., half:] = -b
     lane = torch.randint(half, (num_rows,), generator=gen)
