@@ -256,9 +256,9 @@ def _toleranced_agreement(
     exact_reports: list[BitwiseReport] = []
     exact_counts = [0, 0]  # elements held bitwise, elements in all
     for i, (r, f) in enumerate(zip(ref_out, fast_out, strict=True)):
-        if masks is not None and f.dtype in _ROUNDABLE:
+        if masks is not None and f.dtype in _ROUNDABLE and f.shape == r.shape:
             mask = torch.broadcast_to(masks[i].to(r.device, torch.bool), r.shape)
-        else:  # no envelope, or an output dtype the contract has no one rounding to: the bound
+        else:  # no envelope, an output dtype with no one rounding, or a wrong shape: the bound
             mask = torch.zeros(r.shape, dtype=torch.bool, device=r.device)
         exact_counts[0] += int(mask.sum())
         exact_counts[1] += r.numel()
@@ -267,7 +267,7 @@ def _toleranced_agreement(
         judged = h if tight is None else torch.minimum(h, tight[i].to(r.device, torch.float64))
         # Elements of the envelope are judged bitwise below: the tolerance sees them as exact
         # (reference = fast there), so its worst errors and ratios are those of the others.
-        r_else = torch.where(mask, f.to(r.device, torch.float64), r) if masks is not None else r
+        r_else = torch.where(mask, f.to(r.device, torch.float64), r) if bool(mask.any()) else r
         tol_reports.append(compare_tolerance(r_else, f, torch.where(mask, inf, judged)))
         if tight is not None:
             hard_reports.append(compare_tolerance(r_else, f, torch.where(mask, inf, h)))

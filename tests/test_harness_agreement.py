@@ -107,3 +107,8 @@ def test_compare_exact_matches_nan_by_class_and_zeros_by_sign():
     assert not compare_exact(
         expected, torch.tensor([[1.0, 0.0, 1.0]]), torch.ones(1, 3, dtype=torch.bool)
     ).equal
+
+
+def test_a_wrong_shape_fails_without_crashing():
+    r = run_check(_toy(lambda x: _fast(x)[:, :4], exact_rows=range(6)), "fast", "agreement", CASE, Lane.CPU)
+    assert r.status == "fail" and "shape" in r.detail
