@@ -9,6 +9,7 @@ libraries they configure read their environment at handle creation.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -23,7 +24,13 @@ import torch
 
 from batchinv.harness import invariance, strict_json
 from batchinv.harness.build_cache import built
-from batchinv.harness.compare import compare_bitwise, compare_tolerance
+from batchinv.harness.compare import (
+    BitwiseReport,
+    ToleranceReport,
+    compare_bitwise,
+    compare_exact,
+    compare_tolerance,
+)
 from batchinv.harness.lanes import Lane, lane_device
 from batchinv.harness.registry import (
     INVARIANCE_CHECKS,
@@ -34,9 +41,11 @@ from batchinv.harness.registry import (
     Component,
     Exact,
     Outputs,
+    Toleranced,
     as_outputs,
     m_sweep,
 )
+from batchinv.reference.exact import round_once
 
 FAST = "fast"
 #: The status of a check of ``fast`` in which some launch ran the reference instead of the
@@ -67,6 +76,9 @@ class CheckResult:
     worst_ulp: float | None = None
     worst_abs: float | None = None
     worst_rel: float | None = None
+    #: agreement only: the worst |fast - reference| / bound over the toleranced elements (the
+    #: judged bound: the tight one where the component has one); None if not finite or none.
+    bound_ratio: float | None = None
     where: list[str] = field(default_factory=list)
     first_difference: str = ""
     detail: str = ""
@@ -307,15 +319,74 @@ def _agreement(component: Component, batch: Batch, fast_out: Outputs, result: Ch
             result.rows_differing = result.rows_total
             result.detail = f"output dtypes {got}, the contract says {tuple(wanted)}"
             return
-    bounds = agreement.bound(batch, ref_out)
-    reports_t = [compare_tolerance(r, f, b) for r, f, b in zip(ref_out, fast_out, bounds, strict=True)]
-    bad_t = [r for r in reports_t if not r.within]
-    result.status = "fail" if bad_t else "pass"
-    result.rows_differing = max((r.rows_outside for r in reports_t), default=0)
-    result.worst_ulp = max(r.worst_ulp for r in reports_t)
-    result.worst_abs = max(r.worst_abs for r in reports_t)
-    result.worst_rel = max(r.worst_rel for r in reports_t)
-    result.detail = str(bad_t[0] if bad_t else max(reports_t, key=lambda r: r.worst_abs))
+    _toleranced_agreement(agreement, batch, ref_out, fast_out, result)
+
+
+#: Output dtypes :func:`round_once` rounds to.
+_ROUNDABLE = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _toleranced_agreement(
+    agreement: Toleranced, batch: Batch, ref_out: Outputs, fast_out: Outputs, result: CheckResult
+) -> None:
+    """Bitwise inside ``agreement.exact``'s envelope (against the reference rounded once to the
+    output dtype), within the judged bound elsewhere (the tight one, never above the rigorous)."""
+    hard = agreement.bound(batch, ref_out)
+    tight = agreement.tight_bound(batch, ref_out) if agreement.tight_bound is not None else None
+    masks = agreement.exact(batch, ref_out) if agreement.exact is not None else None
+    tol_reports: list[ToleranceReport] = []
+    hard_reports: list[ToleranceReport] = []
+    exact_reports: list[BitwiseReport] = []
+    exact_counts = [0, 0]  # elements held bitwise, elements in all
+    for i, (r, f) in enumerate(zip(ref_out, fast_out, strict=True)):
+        if masks is not None and f.dtype in _ROUNDABLE and f.shape == r.shape:
+            mask = torch.broadcast_to(masks[i].to(r.device, torch.bool), r.shape)
+        else:  # no envelope, an output dtype with no one rounding, or a wrong shape: the bound
+            mask = torch.zeros(r.shape, dtype=torch.bool, device=r.device)
+        exact_counts[0] += int(mask.sum())
+        exact_counts[1] += r.numel()
+        inf = torch.full((), math.inf, dtype=torch.float64, device=r.device)
+        h = torch.broadcast_to(hard[i].to(r.device, torch.float64), r.shape)
+        judged = h if tight is None else torch.minimum(h, tight[i].to(r.device, torch.float64))
+        # Elements of the envelope are judged bitwise below: the tolerance sees them as exact
+        # (reference = fast there), so its worst errors and ratios are those of the others.
+        r_else = torch.where(mask, f.to(r.device, torch.float64), r) if bool(mask.any()) else r
+        tol_reports.append(compare_tolerance(r_else, f, torch.where(mask, inf, judged)))
+        if tight is not None:
+            hard_reports.append(compare_tolerance(r_else, f, torch.where(mask, inf, h)))
+        if bool(mask.any()):
+            exact_reports.append(compare_exact(round_once(r, f.dtype), f, mask))
+    bad_t = [t for t in tol_reports if not t.within]
+    bad_e = [e for e in exact_reports if not e.equal]
+    result.status = "fail" if bad_t or bad_e else "pass"
+    result.rows_differing = max(
+        max((t.rows_outside for t in tol_reports), default=0),
+        max((e.rows_differing for e in exact_reports), default=0),
+    )
+    result.worst_ulp = max(t.worst_ulp for t in tol_reports)
+    result.worst_abs = max(t.worst_abs for t in tol_reports)
+    result.worst_rel = max(t.worst_rel for t in tol_reports)
+    result.bound_ratio = _finite_or_none(max(t.worst_ratio for t in tol_reports))
+    parts = []
+    held, total = exact_counts
+    if held:
+        state = f"{len(bad_e)} output(s) differ: {bad_e[0]}" if bad_e else "bitwise equal"
+        parts.append(f"exact (one rounding of the exact value) on {held}/{total} elements: {state}")
+    if held < total:
+        worst = bad_t[0] if bad_t else max(tol_reports, key=lambda t: t.worst_ratio)
+        kind = "tight bound" if tight is not None else "bound"
+        text = f"elsewhere {worst}" if held else str(worst)
+        text = text.replace("worst error / bound", f"worst error / {kind}")
+        if hard_reports:
+            hard_ratio = max(t.worst_ratio for t in hard_reports)
+            hard_bad = [t for t in hard_reports if not t.within]
+            text += f"; worst error / rigorous bound {hard_ratio:.3g}" + (" (exceeded)" if hard_bad else "")
+        parts.append(text)
+    result.detail = "; ".join(parts)
 
 
 class BaselineCrashed(RuntimeError):

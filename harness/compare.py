@@ -163,6 +163,9 @@ class ToleranceReport:
     bound_at_worst: float
     first: Difference | None = None
     reason: str = ""
+    #: max over finite elements of |actual - reference| / bound: how far below its bound the
+    #: worst element sits (< 1 when within); +inf where an error meets a zero bound.
+    worst_ratio: float = 0.0
 
     def __str__(self) -> str:
         head = (
@@ -172,7 +175,8 @@ class ToleranceReport:
         )
         text = (
             f"{head}: worst abs {self.worst_abs:.3g} (bound there {self.bound_at_worst:.3g}), "
-            f"worst rel {self.worst_rel:.3g}, worst {self.worst_ulp:g} ULP"
+            f"worst rel {self.worst_rel:.3g}, worst {self.worst_ulp:g} ULP, "
+            f"worst error / bound {self.worst_ratio:.3g}"
         )
         if self.reason:
             text += f"; {self.reason}"
@@ -230,6 +234,12 @@ def compare_tolerance(reference: torch.Tensor, actual: torch.Tensor, bound: torc
     worst_idx = int(err.reshape(-1).argmax()) if err.numel() else 0
     bound_at_worst = float(bnd.reshape(-1)[worst_idx]) if err.numel() else 0.0
     worst_rel = float(rel.max()) if rel.numel() else 0.0
+    # err / bound where it is defined; an error against a zero bound is infinitely far out.
+    ratio = torch.where(
+        finite & (bnd > 0), err / torch.where(bnd > 0, bnd, torch.ones_like(bnd)), torch.zeros_like(err)
+    )
+    ratio = torch.where(finite & (bnd == 0) & (err > 0), torch.full_like(err, math.inf), ratio)
+    worst_ratio = float(ratio.max()) if ratio.numel() else 0.0
     worst_ulp = 0.0
     if actual.dtype in FORMATS and ref.numel():
         ulps = ulp_distance(ref.to(actual.dtype), act_native)
@@ -257,4 +267,28 @@ def compare_tolerance(reference: torch.Tensor, actual: torch.Tensor, bound: torc
         bound_at_worst,
         first,
         reason,
+        worst_ratio,
     )
+
+
+def compare_exact(expected: torch.Tensor, actual: torch.Tensor, mask: torch.Tensor) -> BitwiseReport:
+    """Compare two tensors bit for bit on the elements where ``mask`` is true.
+
+    A NaN matches any NaN there (sign and payload are not part of the contract: a GPU's default
+    NaN differs from the interpreter's); every other value must have the same bits, +0 and -0
+    included.  Elements outside ``mask`` are not compared.
+
+    Args:
+        expected, actual: same dtype and shape (dim 0 is the row axis).
+        mask: bool, broadcastable to the shape.
+
+    Returns:
+        A :class:`BitwiseReport` over the masked elements (``rows_total`` counts every row).
+    """
+    if expected.dtype != actual.dtype or expected.shape != actual.shape:
+        return compare_bitwise(expected, actual)  # reports the mismatch
+    act = actual.detach().to(expected.device)
+    keep = torch.broadcast_to(mask.to(expected.device), expected.shape)
+    if expected.dtype.is_floating_point:
+        keep = keep & ~(torch.isnan(expected) & torch.isnan(act))
+    return compare_bitwise(expected, torch.where(keep, act, expected))

@@ -171,21 +171,38 @@ class Exact:
 
 @dataclass(frozen=True)
 class Toleranced:
-    """Agreement within a derived bound.
+    """Agreement within a derived bound, and bitwise where the result is one rounding of an
+    exactly computed value.
 
     Attributes:
         bound: ``bound(batch, reference_outputs) -> tuple`` of float64 tensors (one per output,
-            broadcastable), the largest allowed absolute error per element.  Derived from the fp64
-            reference, dtype epsilon and the reduction length, never guessed.
+            broadcastable), the largest allowed absolute error per element: the rigorous
+            worst-case bound, a hard limit.  Derived from the fp64 reference, dtype epsilon and
+            the reduction length, never guessed.
         justification: why the math cannot be exact and how the bound is derived.
         out_dtypes: ``out_dtypes(batch)`` -> the dtype each fast output must have by contract
             (the fp64 reference cannot say it); a fast output of another dtype fails agreement,
             so a missing final rounding or a returned fp64 cannot pass within the bound.
+        tight_bound: like ``bound``, a tighter bound that is judged instead (never above
+            ``bound``: the smaller of the two applies): one that follows the fast kernel's
+            documented order of operations, so that a precision downgrade (TF32 operands, a
+            16-bit rounding, 16-bit accumulation) exceeds it.  None: ``bound`` is judged.
+        tight_justification: how ``tight_bound`` is derived and why the kernel cannot exceed it.
+        exact: ``exact(batch, reference_outputs) -> tuple`` of bool tensors (one per output,
+            broadcastable): the elements where the fast output must equal the reference rounded
+            once to the output's dtype (:func:`batchinv.reference.exact.round_once`), bit for bit
+            (a NaN matches any NaN); there the reference must be that exact value to fp64.  The
+            tolerance applies to the other elements.  None: no element is held bitwise.
+        exact_justification: the envelope of ``exact`` and why the kernel is exact inside it.
     """
 
     bound: Callable[[Batch, Outputs], Outputs]
     justification: str
     out_dtypes: Callable[[Batch], tuple[torch.dtype, ...]] | None = None
+    tight_bound: Callable[[Batch, Outputs], Outputs] | None = None
+    tight_justification: str = ""
+    exact: Callable[[Batch, Outputs], Outputs] | None = None
+    exact_justification: str = ""
 
 
 @dataclass(frozen=True)

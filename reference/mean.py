@@ -1,4 +1,4 @@
-"""Reference mean over the last dim: fp64, written the obvious way.
+"""Reference mean over the last dim: the exact mean, rounded once to fp64.
 
 Dimension legend:
     R: rows, the batch axis (dim 0 of a 2-D input)
@@ -6,18 +6,23 @@ Dimension legend:
     N: the reduced last dim (the row length)
 
 ``torch.mean(x, dim, keepdim, dtype=dtype)`` casts ``x`` to ``dtype`` first, then reduces; the
-reference does the same cast, then sums the exact values in float64 and divides by N.
+reference does the same cast, sums the cast values *exactly* (integer arithmetic, see
+:func:`batchinv.reference.exact.exact_row_sums`) and divides by N with one correct rounding to
+float64.  Rounded once more to ``dtype`` (:func:`batchinv.reference.exact.round_once`) that is
+the fast kernel's promise wherever its fp64 lanes are exact (see the registry entry).
 Only the last dim of a 2-D or 3-D input is supported: that is the case whose output rows are
 independent of each other (reducing dim 0 would mix the rows).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from batchinv.reference.errors import ArgumentError, DTypeError, check_last_dim, check_tensor
+from batchinv.reference.exact import FP32_QUANTUM_EXPONENT, exact_row_sums
 
 #: Input dtypes, and the ``dtype=`` values, the component accepts (fast and reference alike).
 MEAN_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
@@ -61,12 +66,14 @@ def mean(
 
     Returns
     -------
-    Tensor, (R,) / (B, S) (or with a trailing 1 when ``keepdim``), float64.
+    Tensor, (R,) / (B, S) (or with a trailing 1 when ``keepdim``), float64: the exact mean
+    ``sum_n x[r, n].to(dtype) / N`` correctly rounded to float64 (one rounding).
 
     Notes
     -----
     Each row depends on that row alone.  NaN in a row gives NaN; +inf and -inf together give
-    NaN; one sign of inf gives that inf.  N = 0 gives NaN (0 / 0).
+    NaN; one sign of inf gives that inf.  N = 0 gives NaN (0 / 0).  An exactly zero sum gives
+    +0 (a row of -0 included).
 
     Raises
     ------
@@ -76,8 +83,20 @@ def mean(
     """
     out_dtype = check_mean_args(x, dim, keepdim, dtype)
     n = x.shape[-1]
-    x64 = x.to(out_dtype).to(torch.float64)  # (..., N): rounded to dtype as torch.mean does, then exact
-    total = x64.sum(dim=-1, keepdim=True)  # (..., 1)
-    y = total / n  # (..., 1); N = 0 gives 0 / 0 = NaN
-    assert y.shape == (*x.shape[:-1], 1)
+    elements = x.to(out_dtype).reshape(math.prod(x.shape[:-1]), n)  # (R, N): cast as torch.mean does
+    rows = elements.shape[0]
+    is_nan = torch.isnan(elements).any(dim=-1)  # (R,)
+    pos_inf = torch.isposinf(elements).any(dim=-1)  # (R,)
+    neg_inf = torch.isneginf(elements).any(dim=-1)  # (R,)
+    finite = torch.where(torch.isfinite(elements), elements, torch.zeros_like(elements))
+    # The exact sums, I * 2**-149 (fp32/bf16/fp16 values are multiples of 2**-149), and the
+    # mean I / (N * 2**149) rounded once to fp64 (Python's int / int is correctly rounded).
+    totals = exact_row_sums(finite) if n > 0 else [0] * rows
+    denominator = n << -FP32_QUANTUM_EXPONENT
+    means = [total / denominator if n > 0 else math.nan for total in totals]
+    y = torch.tensor(means, dtype=torch.float64).to(x.device)  # (R,)
+    y = torch.where(pos_inf, math.inf, y)
+    y = torch.where(neg_inf, -math.inf, y)
+    y = torch.where(is_nan | (pos_inf & neg_inf), math.nan, y)
+    y = y.reshape(*x.shape[:-1], 1)  # (..., 1)
     return y if keepdim else y.squeeze(-1)

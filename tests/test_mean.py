@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from launch_recorder import LaunchRecorder
 
 from batchinv.fast import mean as fast_module
+from batchinv.fast.device import arch
 from batchinv.fast.mean import MEAN_TABLE, mean_config
 from batchinv.fast.mean_baselines import rows_heuristic_config
 from batchinv.fast.row_config import RowConfig
@@ -30,6 +31,7 @@ from batchinv.harness.lanes import Lane
 from batchinv.harness.plugin import current_lane
 from batchinv.harness.registry import Batch, m_sweep
 from batchinv.reference.errors import ArgumentError
+from batchinv.reference.exact import round_once
 from batchinv.reference.mean import mean as reference_mean
 
 LANE = current_lane()
@@ -358,3 +360,44 @@ def test_the_output_is_rounded_once_from_fp64(device, out_dtype, elements, tie, 
     exact = reference_mean(x, dtype=out_dtype)  # fp64, exact here (N = 4)
     assert exact.item() > tie and exact.to(F32).item() == tie
     assert fast_mean(x, dtype=out_dtype).item() == expected
+
+
+# --- the exact envelope --------------------------------------------------------------------------
+
+
+def test_the_reference_is_the_exact_mean():
+    """1e30 + 1 - 1e30 is 1: an fp64 sum in this order gives 0, the exact reference 1 / 3."""
+    x = t([[1e30, 1.0, -1e30]])
+    assert reference_mean(x).item() == 1.0 / 3.0
+    assert reference_mean(t([[-0.0, -0.0]])).item() == 0.0 and bits(reference_mean(t([[-0.0]])).float()) == [
+        0
+    ]
+
+
+@any_lane
+def test_bf16_subnormal_elements_are_widened_exactly():
+    """Triton 3.6's interpreter converts bf16 2**-133 to 0; the kernel widens by the bits, so a
+    mean of bf16 subnormals is one rounding of the exact mean (it gave 13 for 13.83 * 2**-133)."""
+    units = [14.0, 3.0, 1.0, 27.0, 5.0, 133.0, -2.0]  # in 2**-133: bf16 subnormals
+    x = t([[u * 2.0**-133 for u in units]])
+    expected = round_once(reference_mean(x, dtype=BF16), BF16)
+    assert bits(fast_mean(x, dtype=BF16)) == bits(expected)
+    assert bits(fast_mean(x.to(BF16))) == bits(expected)
+
+
+@any_lane
+def test_the_exact_envelope():
+    """lane_cancel rows are in it (and computed bit for bit); an fp32 row spanning more than
+    fp64's 53 bits is out; NaN rows are in (their class is exact)."""
+    config = mean_config(arch(DEVICE), F32, 1536)
+    gen = torch.Generator().manual_seed(0)
+    x = component.lane_cancel_rows(3, 1536, F32, config.block_n, gen)
+    x[1, 7] = 2.0**-60  # 2**-60 beside values near 1: the lanes need 60+ bits
+    x[2, 9] = NAN
+    x = x.to(DEVICE)
+    batch = Batch({"x": x}, {"dim": -1, "keepdim": False, "dtype": None})
+    ref = reference_mean(x)
+    assert component.mean_exact(batch, (ref,))[0].tolist() == [True, False, True]
+    out = fast_mean(x)
+    assert bits(out[:1]) == bits(round_once(ref[:1], F32))
+    assert compare_tolerance(ref, out, component.mean_bound(batch, (ref,))[0]).within

@@ -22,6 +22,18 @@ from batchinv.fast.kernels.softmax import fixed_point_lane_sum_f64, round_to
 
 
 @triton.jit
+def widen_f32(x):
+    """``x`` (fp32, bf16 or fp16) converted exactly to fp32; bf16 by moving its 16 bits into the
+    high half of a word, which is the conversion a GPU performs.  Triton 3.6's interpreter
+    converts bf16 subnormals wrongly (2**-133 becomes 0, 3 * 2**-133 becomes 2**-127), so the
+    cast is written out on every lane."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
 def round_from_f64(x, dtype: tl.constexpr):
     """``x`` (fp64) rounded once to ``dtype`` (fp32, bf16 or fp16), to nearest, ties to even.
 
@@ -91,7 +103,7 @@ def mean_kernel(
         # Through fp32 first: bf16 -> fp32 is exact, so the one rounding to the output dtype is
         # the direct conversion's (and Triton's interpreter has no direct bf16 -> fp16 path);
         # the widening to the accumulator's dtype is exact.
-        acc += round_to(x.to(tl.float32), y_ptr.dtype.element_ty).to(tl.float32).to(acc.dtype)
+        acc += widen_f32(round_to(widen_f32(x), y_ptr.dtype.element_ty)).to(acc.dtype)
     if FIXED_POINT:
         # n_cols (int32) -> fp64 is exact; fp64 division is correctly rounded on every lane.
         out = round_from_f64(fixed_point_lane_sum_f64(acc) / n_cols, y_ptr.dtype.element_ty)

@@ -9,9 +9,21 @@ signed zeros, subnormals and min normals everywhere, and whole-row kinds cycled 
 zeros).  The layout (contiguous, padded rows, a column stride) is applied last, with NaNs in
 every element the kernel must not read.
 
-The tolerance is derived per row from the fp64 sum of |x|, fp64's unit roundoff, the pinned
+Agreement is bitwise where the kernel promises one rounding of an exactly computed value: on
+every row whose elements its pinned order (fp64 lanes of ``block_n`` columns, the fixed-point
+lane combine, the int64 -> fp64 total) adds without a rounding error, the output must equal the
+exact mean (:func:`batchinv.reference.mean.mean`: exact integer sum, one rounding to fp64)
+rounded once to the output dtype, bit for bit (see :func:`mean_exact`).  Outside that envelope
+(fp32 rows whose exponents spread over more than fp64 holds, subnormals beside normal values)
+the tolerance is derived per row from the sum of |x|, fp64's unit roundoff, the pinned
 reduction's depth, the fixed-point combine's truncation and the output dtype's unit roundoff
 (see :func:`mean_bound`).
+
+The value kind ``lane_cancel`` (mean only) builds rows against the lane width ``block_n`` of
+this lane's config: runs of positive lanes, each followed by its exact negation, and one tiny
+element at the grid of the largest lane, so the exact sum is that tiny value, the pinned kernel
+computes it exactly, and a float sum of the lanes that adds 256 or more same-signed lanes first
+(numpy's pairwise sum, a GPU's per-warp tree) rounds it away (see :func:`lane_cancel_rows`).
 """
 
 from __future__ import annotations
@@ -51,6 +63,7 @@ from batchinv.harness.registry import (
     m_sweep,
 )
 from batchinv.reference.errors import ArgumentError, DeviceError, DTypeError
+from batchinv.reference.exact import quantum_exponent
 from batchinv.reference.mean import mean as reference_mean
 
 NAME = "mean"
@@ -81,6 +94,50 @@ MEAN_ROW_KINDS: tuple[str, ...] = (
 )
 
 
+#: Sign period of ``lane_cancel`` lanes (at most): lanes j with ``j mod P < P / 2`` are positive.
+LANE_CANCEL_PERIOD = 1024
+
+
+def lane_cancel_rows(
+    num_rows: int, num_cols: int, dtype: torch.dtype, block_n: int, gen: torch.Generator
+) -> torch.Tensor:
+    """(rows, cols) CPU values whose lanes (columns ``j mod block_n``) cancel in pairs.
+
+    With ``c = num_cols // block_n`` full chunks, ``P = min(block_n, 1024)`` and ``h = P / 2``:
+    column ``t block_n + j`` holds ``b[t, j]`` where ``j mod P < h`` and ``-b[t, j - h]`` where
+    not, each ``b`` in ``[1, 1.9) 2**E / c`` with ``E = ceil(log2 c)`` (every lane lies in
+    ``[2**E, 2**(E+1))``); the tail is zero.  In each row one ``b[0, j0]`` is replaced by
+    ``2**(E - 45)`` -- the fixed-point grid of the largest lane -- and its partner by 0, so the
+    exact sum is ``2**(E - 45)``.  The lanes and their combine are exact, so the pinned kernel
+    returns that value; a float sum of the lanes that adds 256 positive ones first needs 54 bits
+    there and rounds it to 0 or twice itself.  Positive lanes come in runs of ``h`` >= 256 (numpy's
+    pairwise sum adds two 128-lane blocks of one run) and a lane shares its sign with the lanes
+    a multiple of P away (a GPU thread's registers hold lanes block_n / 2, block_n / 4... apart).
+    fp32 and bf16 only (fp16 has no 2**(E - 45)).
+    """
+    if dtype == torch.float16 or num_cols < block_n or block_n < 512:
+        raise ValueError(
+            f"lane_cancel: needs fp32 or bf16 and num_cols >= block_n = {block_n} >= 512, "
+            f"got {dtype}, {num_cols}"
+        )
+    chunks = num_cols // block_n
+    period = min(block_n, LANE_CANCEL_PERIOD)
+    half = period // 2
+    top = math.ceil(math.log2(chunks))
+    scale = 2.0**top / chunks
+    groups = block_n // period
+    b = ((1.0 + 0.9 * torch.rand(num_rows, chunks, groups, half, generator=gen)) * scale).to(dtype)
+    x = torch.zeros(num_rows, num_cols, dtype=dtype)
+    body = x[:, : chunks * block_n].view(num_rows, chunks, groups, period)
+    body[..., :half] = b
+    body[..., half:] = -b
+    lane = torch.randint(half, (num_rows,), generator=gen)
+    rows = torch.arange(num_rows)
+    x[rows, lane] = 2.0 ** (top - 45)
+    x[rows, lane + half] = 0.0
+    return x
+
+
 def build(case: Case, device: torch.device) -> Batch:
     """Rows ``{"x": x}``; shared ``dim=-1``, ``keepdim`` and ``dtype``."""
     axes = case.axes
@@ -89,7 +146,11 @@ def build(case: Case, device: torch.device) -> Batch:
     dtype = getattr(torch, axes["dtype"])
     kind = axes["values"]
     num_cols = shape[-1]
-    x = build_values(kind, math.prod(shape[:-1]), num_cols, dtype, case.seed, gen)
+    if kind == "lane_cancel":
+        block_n = mean_config(arch(device), dtype, num_cols).block_n  # this lane's pinned lanes
+        x = lane_cancel_rows(math.prod(shape[:-1]), num_cols, dtype, block_n, gen)
+    else:
+        x = build_values(kind, math.prod(shape[:-1]), num_cols, dtype, case.seed, gen)
     if kind == "specials":
         x = add_specials(x, case.seed, gen, sparse=MEAN_SPARSE, row_kinds=MEAN_ROW_KINDS)
     x = apply_layout(x.reshape(shape), axes.get("layout", "contiguous"), gen, device)
@@ -137,6 +198,8 @@ def cases(lane: Lane) -> list[Case]:
             c((12, 257), "float32", "mixed", layout="padded", out_dtype="bfloat16", seed=3),
             c((3, 4, 150), "float16", "specials", layout="strided", keepdim=True, seed=4),
             c((1, 1537), "bfloat16", "mixed", out_dtype="float16", seed=5),  # 1 row a program
+            # 512-lane rows that cancel: exact for the pinned combine, not for a float lane sum
+            c((4, 1536), "float32", "lane_cancel", seed=6),
         ]
     big = m_sweep(lane)[-1]
     return [
@@ -150,6 +213,10 @@ def cases(lane: Lane) -> list[Case]:
         c((4, 64, 4096), "bfloat16", "specials", keepdim=True, seed=8),
         c((300, 1000), "float32", "normal", seed=9),
         c((512, 200), "bfloat16", "normal", out_dtype="float16", seed=10),  # eight rows per program
+        # lanes that cancel in halves (4096 fp32 lanes, 8192 bf16 ones): exact for the pinned
+        # combine; a float sum of the lanes (a warp adds 256 same-signed lanes) is not
+        c((64, 8192), "float32", "lane_cancel", seed=11),
+        c((64, 16384), "bfloat16", "lane_cancel", out_dtype="float32", seed=12),
     ]
 
 
@@ -189,7 +256,7 @@ def mean_bound(batch: Batch, ref_out: Outputs) -> Outputs:
     * one rounding of q to the output dtype (bf16/fp16 via fp32 rounded to odd: a single
       rounding): u_out |q| <= u_out (|y| + d), or half the smallest subnormal below the normal
       range;
-    * the fp64 reference is itself an fp64 sum (torch's order) and division: gamma_N A + u64 |y|;
+    * the reference is the exact mean rounded once to fp64: u64 |y|;
     * a GPU may flush subnormal elements (the mean moves under 2**-126) and a subnormal fp32
       result (under 2**-126): 2 * FTZ_FLOOR.
     """
@@ -209,9 +276,74 @@ def mean_bound(batch: Batch, ref_out: Outputs) -> Outputs:
     fast_q = (g + COMBINE_LOSS * (1.0 + g)) * mean_abs * (1.0 + 3 * U64) + 3 * U64 * y
     u_out = conversion_error(out_dtype, x.device)
     fast_err = fast_q * (1.0 + u_out) + u_out * y + half_min_subnormal(out_dtype)
-    ref_err = gamma(max(n, 1)) * mean_abs + U64 * y
+    ref_err = U64 * y
     return (fast_err + ref_err + 2 * FTZ_FLOOR,)
 
+
+#: Below this magnitude an fp32 value is subnormal: a GPU may flush it (rows with such elements
+#: or results are left to the tolerance there).
+FP32_MIN_NORMAL = 2.0**-126
+
+
+def mean_exact(batch: Batch, ref_out: Outputs) -> Outputs:
+    """The rows the pinned kernel computes as one rounding of the exact mean (a bool per output).
+
+    With e the row's elements rounded to the output dtype, 2**q the largest power of two
+    dividing every nonzero e (:func:`batchinv.reference.exact.quantum_exponent`), block_n the
+    lane width of the config table and L_j the lane sums (columns j mod block_n), every step of
+    the kernel is exact when
+
+    * sum_t |e[j + t block_n]| < 2**(q + 53) for every lane j: each lane's fp64 partial sums are
+      multiples of 2**q below 2**(q + 53), so representable;
+    * max_j |L_j| < 2**(q + 46): the largest lane's exponent is at most q + 45, so the fixed-point
+      grid 2**(exponent - 45) divides every lane and the truncation drops nothing;
+    * |S| < 2**(q + 53) for the row sum S: the int64 total converts to fp64 exactly;
+
+    and then the kernel's value is fp64(S / N) -- what the reference returns -- rounded once to
+    the output dtype.  Non-finite rows (NaN, +-inf) are in the envelope too: their class is exact.
+    A row of zeros gives +0.  On a GPU, rows holding a subnormal element, or whose mean is
+    subnormal in fp32, are left out (the hardware may flush them).  The lane sums are formed here
+    in fp64 and compared with a 2**-40 margin, so a borderline row falls outside, never inside.
+    """
+    x = batch.rows["x"]
+    ref = ref_out[0]
+    dtype = batch.shared.get("dtype")
+    out_dtype = x.dtype if dtype is None else dtype
+    n = x.shape[-1]
+    e = x.to(out_dtype).reshape(math.prod(x.shape[:-1]), n).to(ref.device, torch.float64)  # (R, N)
+    rows = e.shape[0]
+    finite_row = torch.isfinite(e).all(dim=-1)  # (R,)
+    q = quantum_exponent(e).amin(dim=-1) if n else torch.full((rows,), math.inf, device=e.device)
+    block_n = mean_config(arch(x.device), x.dtype, n).block_n
+    chunks = max(1, math.ceil(n / block_n))
+    padded = torch.zeros(rows, chunks * block_n, dtype=torch.float64, device=e.device)
+    padded[:, :n] = torch.where(torch.isfinite(e), e, torch.zeros_like(e))
+    lanes = padded.view(rows, chunks, block_n)
+    margin = 1.0 + 2.0**-40
+    lane_abs = lanes.abs().sum(dim=1).amax(dim=-1) * margin  # (R,)
+    lane_max = lanes.sum(dim=1).abs().amax(dim=-1) * margin  # exact when lane_abs passes
+    total = ref.reshape(-1).abs() * n * margin  # |S| from the exact reference
+    limit = torch.exp2(torch.clamp(q, max=1000.0))  # 2**q (rows of zeros: q = inf, no limit)
+    exact = (lane_abs < limit * 2.0**53) & (lane_max < limit * 2.0**46) & (total < limit * 2.0**53)
+    exact = exact | torch.isinf(q)  # a row of zeros (or no elements)
+    if x.device.type == "cuda":
+        tiny = ((e != 0) & (e.abs() < FP32_MIN_NORMAL)).any(dim=-1)
+        mean = ref.reshape(-1).abs()
+        exact = exact & ~tiny & ~((mean > 0) & (mean < FP32_MIN_NORMAL))
+    exact = exact | ~finite_row
+    return (exact.reshape(ref.shape),)
+
+
+EXACT_JUSTIFICATION = (
+    "mean promises one rounding of an exactly computed value: the elements rounded to the output "
+    "dtype are widened to fp64 exactly, summed in fp64 lanes, combined on an int64 fixed-point grid, "
+    "divided in fp64 (correctly rounded) and rounded once.  Where the lanes, the grid and the int64 -> "
+    "fp64 total lose nothing (see mean_exact: every partial lane sum and the total below 2**53 units of "
+    "the row's smallest bit, the largest lane below 2**46 of them) the output must be the exact mean "
+    "rounded to fp64, then once to the output dtype, bit for bit.  Outside (fp32 rows whose values "
+    "span more than fp64 holds, subnormals beside normal values; on a GPU also subnormal elements or "
+    "means) the tolerance applies."
+)
 
 JUSTIFICATION = (
     "mean accumulates in fp64 in the pinned order (lanes over chunks, then an order-free fixed-point "
@@ -219,7 +351,7 @@ JUSTIFICATION = (
     "output dtype, so it can differ from the fp64 reference by that one rounding and the sum's error. "
     "The bound is derived per row from the fp64 run: (gamma_c + 2**-29) * mean|x| with c = chunks per "
     "lane from the config table, plus a few fp64 ulps of |y| (total, division, the reference's own fp64 "
-    "sum gamma_N * mean|x|), plus the output dtype's unit roundoff of |y|, plus floors: half its smallest "
+    "rounding), plus the output dtype's unit roundoff of |y|, plus floors: half its smallest "
     "subnormal and 2 * 2**-126 for flushed subnormals.  Like every summation bound it scales with "
     "mean|x|, not |y|: on a row that cancels (1e30, -1e30 and small values) the relative error of the "
     "mean can be large while the absolute error stays inside the bound."
@@ -320,7 +452,11 @@ COMPONENT = Component(
     cases=cases,
     build=build,
     agreement=Toleranced(
-        mean_bound, JUSTIFICATION, lambda batch: (batch.shared["dtype"] or batch.rows["x"].dtype,)
+        mean_bound,
+        JUSTIFICATION,
+        lambda batch: (batch.shared["dtype"] or batch.rows["x"].dtype,),
+        exact=mean_exact,
+        exact_justification=EXACT_JUSTIFICATION,
     ),
     shift_row_start=pack_at_offset,
     lanes=ALL_LANES,

@@ -1,0 +1,136 @@
+"""The mutant suite: planted one-line regressions of the fast kernels (DESIGN.md, "teeth").
+
+Each :class:`Mutant` is a subject with its component's fast signature that differs from the
+shipped code in one way a real regression would.  ``tests/test_mutants.py`` runs each through
+the registry (``dataclasses.replace(component, fast=subject)``) and the cpu-lane sweep, with
+the component's own cpu case list, and requires the sweep to fail on ``caught_by`` for the
+planted reason; the same sweep on the shipped kernels passes.  Never shipped: this package
+lives under ``tests/`` and nothing in ``batchinv`` imports it.
+
+New mutant classes (MoE, attention, plans...) join :data:`MUTANTS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from batchinv.harness.registry import Case
+
+from . import emulated, kernels
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A planted regression.
+
+    Attributes:
+        name: the pytest id.
+        component: the registry name of the component it mutates.
+        build: ``build()`` -> the subject (same signature as the component's fast function).
+        regression: one line: what was changed, as a real regression would change it.
+        caught_by: the checks that must fail on the cpu-lane sweep.
+        every_case: where given, every cpu case for which it is true must fail ``caught_by``
+            (for the precision downgrades: every case of their dtype).
+    """
+
+    name: str
+    component: str
+    build: Callable[[], Callable[..., Any]]
+    regression: str
+    caught_by: tuple[str, ...]
+    every_case: Callable[[Case], bool] | None = None
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "topk_ties_by_last_column",
+        "topk",
+        kernels.topk_ties_by_last_column,
+        "tie plateau at the cutoff: the last tied columns are taken instead of the first",
+        ("agreement",),
+    ),
+    Mutant(
+        "topk_negative_zero_below_positive_zero",
+        "topk",
+        kernels.topk_negative_zero_below_positive_zero,
+        "the -0 -> +0 canonicalization of the key is dropped: -0 ranks below +0",
+        ("agreement",),
+    ),
+    Mutant(
+        "softmax_block_from_rows",
+        "softmax",
+        kernels.softmax_block_from_rows,
+        "the launcher halves the column chunk (block_n) when the launch has fewer than 8 rows",
+        ("batch_prefix",),
+    ),
+    Mutant(
+        "softmax_without_max_subtraction",
+        "softmax",
+        kernels.softmax_without_max_subtraction,
+        "the write pass computes exp(x) / (sum * exp(max)): no max subtraction, exp overflows",
+        ("agreement",),
+    ),
+    Mutant(
+        "matmul_dropped_partial_k_tile",
+        "matmul",
+        kernels.matmul_dropped_partial_k_tile,
+        "k_tiles = K // BLOCK_K: the last, partial K tile is never added",
+        ("agreement",),
+        every_case=lambda case: int(case.axes["k"]) % 128 != 0,  # the interpreter's BLOCK_K
+    ),
+    Mutant(
+        "matmul_dropped_last_product",
+        "matmul",
+        kernels.matmul_dropped_last_product,
+        "the K mask is off by one: the product at k = K - 1 is never added",
+        ("agreement",),
+        every_case=lambda case: True,
+    ),
+    Mutant(
+        "matmul_block_k_from_rows",
+        "matmul",
+        kernels.matmul_block_k_from_rows,
+        "the launcher halves BLOCK_K for M <= 16 (a config keyed on the batch size)",
+        ("batch_prefix",),
+    ),
+    Mutant(
+        "matmul_tf32_operands",
+        "matmul",
+        lambda: emulated.tf32_operands,
+        "fp32 operands rounded to TF32 (10 mantissa bits) before an fp32-accumulating matmul",
+        ("agreement",),
+        every_case=lambda case: case.axes["dtype"] == "fp32",
+    ),
+    Mutant(
+        "matmul_bf16_logits",
+        "matmul",
+        lambda: emulated.bf16_logits,
+        "fp32 router logits rounded through bf16",
+        ("agreement",),
+        every_case=lambda case: case.axes["out"] == "fp32",
+    ),
+    Mutant(
+        "matmul_low_precision_accumulation",
+        "matmul",
+        lambda: emulated.low_precision_accumulation,
+        "the accumulator kept in fp16 (fp16 inputs) or bf16, rounded after every 16 products",
+        ("agreement",),
+        every_case=lambda case: True,
+    ),
+    Mutant(
+        "mean_float_lane_sum",
+        "mean",
+        kernels.mean_float_lane_sum,
+        "the exact fixed-point lane combine replaced by a float tl.sum over the fp64 lanes",
+        ("agreement",),
+    ),
+    Mutant(
+        "mean_fp32_division",
+        "mean",
+        kernels.mean_fp32_division,
+        "the fp64 division by N replaced by an fp32 one (the sum rounded to fp32 first)",
+        ("agreement",),
+    ),
+)

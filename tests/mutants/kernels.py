@@ -1,0 +1,157 @@
+"""One-line mutants of the shipped kernels and launchers (see :mod:`mutants.patch`).
+
+Each subject has the signature of its component's fast function and goes through the shipped
+launcher (its validation, config lookup and grid); only the one patched line differs.  A kernel
+patched in ``fast/kernels/`` is handed to the shipped launcher by :func:`with_kernel`, which
+puts it where the launcher looks it up for the duration of one call.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import replace
+from types import ModuleType
+from typing import Any
+
+import batchinv.fast.kernels.matmul as matmul_kernels
+import batchinv.fast.kernels.mean as mean_kernels
+import batchinv.fast.kernels.softmax as softmax_kernels
+import batchinv.fast.kernels.topk as topk_kernels
+from batchinv.fast import matmul as matmul_launcher
+from batchinv.fast import mean as mean_launcher
+from batchinv.fast import softmax as softmax_launcher
+from batchinv.fast import topk as topk_launcher
+from batchinv.reference.topk import topk as reference_topk
+
+from .patch import mutate
+
+
+def with_kernel(
+    module: ModuleType, name: str, kernel: Any, launcher: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``launcher`` run with ``module.<name>`` replaced by ``kernel`` during each call."""
+
+    @functools.wraps(launcher)
+    def subject(*args: Any, **kwargs: Any) -> Any:
+        shipped = getattr(module, name)
+        setattr(module, name, kernel)
+        try:
+            return launcher(*args, **kwargs)
+        finally:
+            setattr(module, name, shipped)
+
+    return subject
+
+
+# --- topk -------------------------------------------------------------------------------------
+
+
+def _topk_subject(kernel: Any) -> Callable[..., Any]:
+    def topk(scores: Any, row_starts: Any, row_ends: Any, k: Any) -> Any:
+        return topk_launcher.launch_rows(kernel, scores, row_starts, row_ends, k, fallback=reference_topk)
+
+    return topk
+
+
+def topk_ties_by_last_column() -> Callable[..., Any]:
+    kernel = mutate(
+        topk_kernels,
+        "_select",
+        "tie_rank = tl.cumsum(tied.to(tl.int32), axis=0)  # inclusive: 1 for the first tie",
+        "tie_rank = tl.sum(tied.to(tl.int32), axis=0) - tl.cumsum(tied.to(tl.int32), axis=0) + tied.to(tl.int32)",
+        entry="topk_kernel",
+    )
+    return _topk_subject(kernel)
+
+
+def topk_negative_zero_below_positive_zero() -> Callable[..., Any]:
+    kernel = mutate(
+        topk_kernels,
+        "_monotone_key",
+        "bits = tl.where(bits == NEG_ZERO_BITS, 0, bits)",
+        "bits = bits",
+        entry="topk_kernel",
+    )
+    return _topk_subject(kernel)
+
+
+# --- matmul -----------------------------------------------------------------------------------
+
+
+def _matmul_kernel_subject(old: str, new: str) -> Callable[..., Any]:
+    kernel = mutate(matmul_kernels, "persistent_matmul_kernel", old, new)
+    return with_kernel(matmul_kernels, "persistent_matmul_kernel", kernel, matmul_launcher.matmul)
+
+
+def matmul_dropped_partial_k_tile() -> Callable[..., Any]:
+    return _matmul_kernel_subject("k_tiles = tl.cdiv(K, BLOCK_K)", "k_tiles = K // BLOCK_K")
+
+
+def matmul_dropped_last_product() -> Callable[..., Any]:
+    return _matmul_kernel_subject("k_left = K - kt * BLOCK_K", "k_left = K - 1 - kt * BLOCK_K")
+
+
+def _halve_block_k_for_small_m(config: Any, m: int) -> Any:
+    return replace(config, block_k=max(16, config.block_k // 2)) if m <= 16 else config
+
+
+def matmul_block_k_from_rows() -> Callable[..., Any]:
+    return mutate(  # type: ignore[no-any-return]
+        matmul_launcher,
+        "plan",
+        "cfg = config if config is not None else select_config(arch(device if on_gpu else None), dtype, n, k)",
+        "cfg = config if config is not None else halve_block_k_for_small_m("
+        "select_config(arch(device if on_gpu else None), dtype, n, k), m)",
+        entry="matmul",
+        extra_globals={"halve_block_k_for_small_m": _halve_block_k_for_small_m},
+    )
+
+
+# --- softmax ----------------------------------------------------------------------------------
+
+
+def softmax_without_max_subtraction() -> Callable[..., Any]:
+    kernel = mutate(
+        softmax_kernels,
+        "softmax_kernel",
+        "y = tl.exp(x - row_max) / row_sum",
+        "y = tl.exp(x) / (row_sum * tl.exp(row_max))",
+    )
+    return with_kernel(softmax_launcher, "softmax_kernel", kernel, softmax_launcher.softmax)
+
+
+def _halve_block_n_below_8_rows(config: Any, num_rows: int) -> Any:
+    return replace(config, block_n=max(1, config.block_n // 2)) if num_rows < 8 else config
+
+
+def softmax_block_from_rows() -> Callable[..., Any]:
+    return mutate(  # type: ignore[no-any-return]
+        softmax_launcher,
+        "launch",
+        "config = softmax_config(arch(x.device), x.dtype, n_cols)",
+        "config = halve_block_n_below_8_rows(softmax_config(arch(x.device), x.dtype, n_cols), num_rows)",
+        entry="softmax",
+        extra_globals={"halve_block_n_below_8_rows": _halve_block_n_below_8_rows},
+    )
+
+
+# --- mean -------------------------------------------------------------------------------------
+
+_MEAN_OUT = "out = round_from_f64(fixed_point_lane_sum_f64(acc) / n_cols, y_ptr.dtype.element_ty)"
+
+
+def _mean_subject(new: str) -> Callable[..., Any]:
+    kernel = mutate(mean_kernels, "mean_kernel", _MEAN_OUT, new)
+    return with_kernel(mean_launcher, "mean_kernel", kernel, mean_launcher.mean)
+
+
+def mean_float_lane_sum() -> Callable[..., Any]:
+    return _mean_subject("out = round_from_f64(tl.sum(acc, axis=1) / n_cols, y_ptr.dtype.element_ty)")
+
+
+def mean_fp32_division() -> Callable[..., Any]:
+    return _mean_subject(
+        "out = round_from_f64((fixed_point_lane_sum_f64(acc).to(tl.float32) / n_cols).to(tl.float64), "
+        "y_ptr.dtype.element_ty)"
+    )

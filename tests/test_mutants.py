@@ -1,0 +1,178 @@
+"""The harness has teeth: every planted mutant (``tests/mutants``) fails the cpu-lane sweep.
+
+Each mutant replaces its component's fast function (``dataclasses.replace``) and goes through
+:func:`batchinv.harness.sweep.run_sweep` with the component's own cpu case list.  The sweep is
+restricted to the checks the mutant is expected to fail (the others would only add minutes);
+it must come back not ok, with those checks among the failing ones -- failures, never crashes
+(a crash is an error row, not a detection).  The same restricted sweep on the shipped kernels
+passes, so each mutant is caught for the planted reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+import torch
+from mutants import MUTANTS, Mutant
+from mutants.emulated import round_to_tf32
+
+from batchinv.harness.compare import compare_exact, compare_tolerance
+from batchinv.harness.components import matmul as matmul_component
+from batchinv.harness.lanes import Lane
+from batchinv.harness.registry import Batch, Case, Component, get
+from batchinv.harness.sweep import SweepOutcome, run_sweep
+from batchinv.reference import matmul as ref_matmul
+from batchinv.reference.exact import round_once
+from batchinv.reference.matmul import weight_kn
+
+
+@dataclass(frozen=True)
+class _OnlyChecks(Component):
+    """A component whose sweep runs only ``only`` of its applicable checks."""
+
+    only: tuple[str, ...] = ()
+
+    def applicable_checks(self) -> tuple[str, ...]:
+        return tuple(c for c in super().applicable_checks() if c in self.only)
+
+
+def _sweep(component: Component, subject: object, checks: Sequence[str]) -> SweepOutcome:
+    fields = {f.name: getattr(component, f.name) for f in dataclasses.fields(component)}
+    restricted = _OnlyChecks(**{**fields, "fast": subject}, only=tuple(checks))
+    assert set(checks) <= set(restricted.applicable_checks()), checks
+    return run_sweep([restricted], Lane.CPU, include_baselines=False)
+
+
+def _summary(outcome: SweepOutcome) -> str:
+    return "\n".join(f"  {f.check} {f.status} [{f.case}]: {f.detail[:300]}" for f in outcome.failures[:8])
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_the_cpu_sweep_catches_the_mutant(mutant: Mutant) -> None:
+    component = get(mutant.component)
+    outcome = _sweep(component, mutant.build(), mutant.caught_by)
+    errors = [f for f in outcome.failures if f.status == "error"]
+    assert not errors, f"{mutant.name} crashed (not a detection):\n{_summary(outcome)}"
+    assert not outcome.ok, f"{mutant.name} ({mutant.regression}) passed the cpu sweep"
+    failing = {f.check for f in outcome.failures}
+    assert set(mutant.caught_by) <= failing, f"expected {mutant.caught_by} to fail:\n{_summary(outcome)}"
+    if mutant.every_case is not None:
+        wanted = [c for c in component.cases(Lane.CPU) if mutant.every_case(c)]
+        assert wanted, f"{mutant.name}: no cpu case of the kind it must fail on"
+        caught = {(f.case, f.check) for f in outcome.failures}
+        missed = [(c.id, ch) for c in wanted for ch in mutant.caught_by if (c.id, ch) not in caught]
+        assert not missed, f"{mutant.name} passed on cases it must fail: {missed}"
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", sorted({m.component for m in MUTANTS}))
+def test_the_shipped_kernels_pass_the_same_sweep(name: str) -> None:
+    component = get(name)
+    checks = sorted({c for m in MUTANTS if m.component == name for c in m.caught_by})
+    outcome = _sweep(component, component.fast, checks)
+    assert outcome.ok, _summary(outcome)
+
+
+def test_mutants_are_named_once_and_mutate_registered_components() -> None:
+    names = [m.name for m in MUTANTS]
+    assert len(names) == len(set(names))
+    for m in MUTANTS:
+        component = get(m.component)
+        assert set(m.caught_by) <= set(component.applicable_checks()), m.name
+        assert m.name.startswith(m.component), m.name
+
+
+# --- the GPU cases' bounds, reasoned on the CPU ------------------------------------------------
+#
+# The GPU lanes cannot run here, but their matmul bound is a function of the inputs: the GPU
+# cases are built on the CPU (their first rows), the kernel's arithmetic in the GPU's order is
+# emulated in torch (fp32 inputs: one FMA per product; bf16/fp16: one fp32 step per 16-product
+# MMA group), and each precision mutant (emulated the same way) must fall outside the judged
+# bound -- or, on the exact cases, differ bitwise -- while the emulated shipped kernel stays in.
+
+GPU_ROWS, GPU_COLS = 16, 64  # the block of outputs judged (each element's bound is its own)
+
+
+def _gpu_block(case: Case) -> Batch:
+    """GPU_ROWS x GPU_COLS outputs of a GPU case, built on the CPU: the case's weight and bias
+    (seeded from the axes but ``rows``), GPU_ROWS rows of x drawn as the case draws them."""
+    small = Case(case.component, {**case.axes, "rows": GPU_ROWS}, case.seed)
+    batch = matmul_component.build(small, torch.device("cpu"))
+    s = dict(batch.shared)
+    s["weight"] = s["weight"][:GPU_COLS] if s["layout"] == "linear" else s["weight"][:, :GPU_COLS]
+    s["bias"] = None if s["bias"] is None else s["bias"][:GPU_COLS]
+    return Batch(batch.rows, s)
+
+
+def _gpu_order(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    *,
+    operand: str = "exact",
+    accumulate: torch.dtype = torch.float32,
+    drop_last: bool = False,
+) -> torch.Tensor:
+    """fp32 accumulation in the GPU kernel's order ([M, K] @ [K, N]); variants for mutants."""
+    x64, w64 = x.double(), w.double()
+    if operand == "tf32":
+        x64, w64 = round_to_tf32(x.float()).double(), round_to_tf32(w.float()).double()
+    k = x.shape[1] - (1 if drop_last else 0)
+    acc = torch.zeros(x.shape[0], w.shape[1], dtype=torch.float32)
+    if x.dtype == torch.float32 and accumulate == torch.float32:  # one FMA per product
+        products = x64[:, :k, None] * w64[None, :k]  # exact in fp64 (24 x 24 bits), [M, K, N]
+        for i in range(k):
+            acc = (acc.double() + products[:, i]).float()  # the exact product added, one rounding
+    else:  # one 16-product MMA step at a time, its sum formed exactly, added with one rounding
+        steps = -(-k // 16)
+        xp = torch.zeros(x.shape[0], steps * 16, dtype=torch.float64)
+        xp[:, :k] = x64[:, :k]
+        wp = torch.zeros(steps * 16, w.shape[1], dtype=torch.float64)
+        wp[:k] = w64[:k]
+        groups = torch.bmm(xp.view(-1, steps, 16).transpose(0, 1), wp.view(steps, 16, -1))  # [ng, M, N]
+        for group in groups.float():
+            acc = (acc + group).to(accumulate).float()
+    if bias is not None:
+        acc = acc + bias.float()[None, :]
+    return acc.to(out_dtype)
+
+
+def _judged(batch: Batch, out: torch.Tensor) -> bool:
+    """Whether ``out`` passes matmul agreement on ``batch`` as a GPU lane would judge it."""
+    s = batch.shared
+    x = batch.rows["x"]
+    ref = ref_matmul.matmul(x, s["weight"], s["bias"], layout=s["layout"], out_dtype=s["out_dtype"])
+    kw = {"layout": s["layout"], "out_dtype": s["out_dtype"], "reference": ref}
+    hard = ref_matmul.tolerance_bound(x, s["weight"], s["bias"], **kw)
+    tight = ref_matmul.tight_bound(x, s["weight"], s["bias"], **kw, group=16)
+    mask = matmul_component.exact(batch, (ref,))[0]
+    judged = torch.where(mask, torch.full_like(hard, math.inf), torch.minimum(hard, tight))
+    within = compare_tolerance(ref, out, judged).within
+    return within and compare_exact(round_once(ref, out.dtype), out, mask).equal
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("case", matmul_component.cases(Lane.SM90), ids=lambda c: c.id)
+def test_gpu_matmul_cases_judge_the_precision_mutants(case: Case) -> None:
+    batch = _gpu_block(case)
+    s = batch.shared
+    x, w, bias, out_dtype = batch.rows["x"], weight_kn(s["weight"], s["layout"]), s["bias"], s["out_dtype"]
+    assert _judged(batch, _gpu_order(x, w, bias, out_dtype)), "the emulated shipped kernel fails"
+    variants = {
+        "dropped_last_product": _gpu_order(x, w, bias, out_dtype, drop_last=True),
+        "low_precision_accumulation": _gpu_order(
+            x, w, bias, out_dtype, accumulate=torch.float16 if x.dtype == torch.float16 else torch.bfloat16
+        ),
+    }
+    if x.dtype == torch.float32:
+        variants["tf32_operands"] = _gpu_order(x, w, bias, out_dtype, operand="tf32")
+    if out_dtype == torch.float32:
+        variants["bf16_logits"] = _gpu_order(x, w, bias, out_dtype).to(torch.bfloat16).float()
+    passed = [name for name, out in variants.items() if _judged(batch, out)]
+    assert not passed, f"{case.id}: {passed} pass a GPU case of their dtype"
