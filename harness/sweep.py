@@ -52,6 +52,7 @@ class CheckSummary:
     rows_differing: int = 0
     worst_ulp: float | None = None
     worst_abs: float | None = None
+    worst_bound_ratio: float | None = None  # toleranced agreement: worst error / bound (< 1 passes)
     first_difference: str = ""
     seconds: float = 0.0
     detected_by: list[str] = field(default_factory=list)
@@ -91,6 +92,8 @@ class CheckSummary:
             self.worst_ulp = max(self.worst_ulp or 0.0, r.worst_ulp)
         if r.worst_abs is not None:
             self.worst_abs = max(self.worst_abs or 0.0, r.worst_abs)
+        if r.bound_ratio is not None:
+            self.worst_bound_ratio = max(self.worst_bound_ratio or 0.0, r.bound_ratio)
 
 
 @dataclass

@@ -65,6 +65,7 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
             status,
             str(c.rows_differing),
             fmt_ulp(c.worst_ulp),
+            "-" if c.worst_bound_ratio is None else f"{c.worst_bound_ratio:.3g}",
             escape(c.first_difference[:60]) or "-",
             nc,
             str(c.cases),

@@ -772,7 +772,7 @@ def test_every_check_of_the_cpu_cases_runs_the_kernel_somewhere():
             continue  # the stub does not agree; agreement runs one batch, the case's own
         statuses = {run_check(stub, "fast", check, c, Lane.CPU).status for c in cases}
         assert "pass" in statuses, f"{check}: no cpu case runs the kernel on every launch ({statuses})"
-        assert statuses <= {"pass", REFERENCE_PATH}, f"{check}: {statuses}"
+        assert statuses <= {"pass", REFERENCE_PATH, "skip"}, f"{check}: {statuses}"  # skip: one-row cases
 
 
 def test_every_check_of_the_gpu_cases_runs_the_kernel_somewhere():
