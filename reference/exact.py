@@ -60,12 +60,25 @@ def round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     ulp_exp = torch.clamp(exponent.to(torch.int64), min=emin + 1) - precision
     # Scaling by a power of two is exact; round() is half-to-even; scaling back is exact, and the
     # result is a value of dtype (or 2**(emax + 1), which converts to inf).
-    two = torch.full_like(x64, 2.0)
-    ulp = torch.pow(two, ulp_exp.to(torch.float64))
+    ulp = power_of_two(ulp_exp)
     rounded = torch.round(x64 / ulp) * ulp
     rounded = torch.where(torch.isfinite(x64), rounded, x64)
     # A value of dtype converts exactly through any wider format; 2**(emax + 1) goes to inf.
     return rounded.to(torch.float32).to(dtype) if dtype != torch.float32 else rounded.to(dtype)
+
+
+def power_of_two(exponent: torch.Tensor) -> torch.Tensor:
+    """``2.0 ** exponent`` as float64, exactly, for integer exponents in [-1022, 1023].
+
+    Built from the bits (biased exponent, zero mantissa), not with ``torch.pow``: CUDA's pow is
+    not correctly rounded, and a scale off by one ULP turns exact ties of :func:`round_once`
+    into near-ties that round the other way (seen on an H200, 2026-11-30: 1-ULP differences of
+    the fp16 reference on every row of an exact matmul case).
+    """
+    e = exponent.to(torch.int64)
+    if bool(((e < -1022) | (e > 1023)).any()):
+        raise ValueError("exponent: expected integers in [-1022, 1023]")
+    return ((e + 1023) << 52).view(torch.float64)
 
 
 def quantum_exponent(x: torch.Tensor) -> torch.Tensor:

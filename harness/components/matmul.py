@@ -424,15 +424,9 @@ COMPONENT = Component(
             lanes=GPU_LANES,
             env={"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUBLASLT_WORKSPACE_SIZE": "1"},
         ),
-        Baseline(
-            "pin_lt_ws0",
-            bl.torch_default,
-            "pin candidate: CUBLAS_WORKSPACE_CONFIG=:0:0 with preferred BLAS cuBLASLt (measured: "
-            "'OOM trying to allocate workspace for cublaslt'; expected to be an error row)",
-            expected_to_vary_on=frozenset(),
-            lanes=GPU_LANES,
-            env={"CUBLAS_WORKSPACE_CONFIG": ":0:0", bl.PREFERRED_BLAS_ENV: "cublaslt"},
-        ),
+        # The :0:0 + cuBLASLt recipe is not swept: it crashes ("OOM trying to allocate workspace
+        # for cublaslt") on every case without a bias, and a crashing baseline fails the sweep.
+        # `batchinv audit cublas` still audits it (pin_lt_ws0) and reports the crash per shape.
     ),
     cases=cases,
     build=build,
