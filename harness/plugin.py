@@ -174,9 +174,27 @@ def pytest_configure(config: pytest.Config) -> None:
         workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, workers)))
         if lane.is_gpu:
+            global _SHARED_GPU
+            from batchinv.harness import build_cache
+
             count = torch.cuda.device_count()
             if count > 1:
                 torch.cuda.set_device(worker_gpu(worker, count))
+            per_gpu = -(-workers // max(1, count))
+            build_cache.share_device(per_gpu)
+            _SHARED_GPU = per_gpu > 1
+
+
+_SHARED_GPU = False
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Workers sharing a GPU give its free cached memory back after each test (else each
+    worker's allocator keeps its high-water mark and the GPU runs out)."""
+    if _SHARED_GPU:
+        from batchinv.harness.build_cache import release_device_memory
+
+        release_device_memory()
 
 
 def worker_gpu(worker: str, gpu_count: int) -> int:

@@ -214,7 +214,7 @@ def run_unit(comp: Component, unit: Unit, lane: Lane, m_limit: int | None) -> li
 # --- worker processes -------------------------------------------------------------------------
 
 
-def _worker_init(lane_value: str, threads: int) -> None:
+def _worker_init(lane_value: str, threads: int, jobs: int) -> None:
     """Runs once in each worker: lane first (before triton is imported), threads, GPU, compile stats."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C ends
     from batchinv.harness.lanes import enter_lane
@@ -229,16 +229,22 @@ def _worker_init(lane_value: str, threads: int) -> None:
 
         identity = multiprocessing.current_process()._identity  # 1-based worker number
         torch.cuda.set_device(((identity[0] - 1) if identity else 0) % torch.cuda.device_count())
+    if lane.is_gpu:
+        from batchinv.harness import build_cache
+
+        build_cache.share_device(-(-jobs // max(1, torch.cuda.device_count())))
     compile_stats.install()
 
 
 def _worker_run(
     unit: Unit, lane_value: str, m_limit: int | None
 ) -> tuple[list[CheckResult], compile_stats.CompileStats]:
+    from batchinv.harness.build_cache import release_device_memory
     from batchinv.harness.registry import get
 
     before = compile_stats.snapshot()
     results = run_unit(get(unit.component), unit, Lane(lane_value), m_limit)
+    release_device_memory()  # the other workers share this GPU
     return results, compile_stats.snapshot() - before
 
 
@@ -268,7 +274,7 @@ def _execute(
         max_workers=jobs,
         mp_context=get_context("spawn"),
         initializer=_worker_init,
-        initargs=(lane.value, threads),
+        initargs=(lane.value, threads, jobs),
     )
     pending: dict[Future[Any], Unit] = {}
     # Workers are started while units are submitted; they are born with SIGINT ignored (an

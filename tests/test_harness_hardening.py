@@ -31,6 +31,7 @@ from batchinv.harness.checks import BaselineCrashed, negative_control, repro_com
 from batchinv.harness.cli import build_parser, main
 from batchinv.harness.invariance import VarianceDetected
 from batchinv.harness.lanes import Lane
+from batchinv.harness.plugin import current_lane
 from batchinv.harness.registry import Baseline, Batch, Case, Component, get
 from batchinv.harness.report import JsonlReport, read_report
 from batchinv.harness.sweep import run_sweep
@@ -233,6 +234,10 @@ def test_printed_repro_lines_stay_on_one_physical_line_in_a_narrow_terminal():
 
 # --- item 6: CLI errors ------------------------------------------------------------------------
 
+#: The lane of this run: the CLI tests below pass it (a GPU run cannot switch to the cpu lane once
+#: triton is imported; the usage errors come before anything runs on either).
+LANE = current_lane().value
+
 TOPK_AXES = {
     "bounds": "int32",
     "k": 512,
@@ -267,7 +272,7 @@ def test_repro_mistakes_are_usage_errors_naming_the_key(capsys, change, check, m
 
     axes = {k: v for k, v in {**TOPK_AXES, **change}.items() if v is not None}
     code, err = _cli(
-        capsys, "repro", "topk", "--lane", "cpu", "--check", check, "--seed", "0", "--axes", json.dumps(axes)
+        capsys, "repro", "topk", "--lane", LANE, "--check", check, "--seed", "0", "--axes", json.dumps(axes)
     )
     assert code == 2, err
     assert re.search(message, err), err
@@ -276,9 +281,9 @@ def test_repro_mistakes_are_usage_errors_naming_the_key(capsys, change, check, m
 def test_other_cli_mistakes_are_usage_errors(capsys, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    code, err = _cli(capsys, "sweep", "topk", "--lane", "cpu", "--report", str(blocker / "r.jsonl"))
+    code, err = _cli(capsys, "sweep", "topk", "--lane", LANE, "--report", str(blocker / "r.jsonl"))
     assert code == 2 and "--report: cannot write" in err
-    code, err = _cli(capsys, "sweep", "topk", "--lane", "cpu", "--jobs", "0")
+    code, err = _cli(capsys, "sweep", "topk", "--lane", LANE, "--jobs", "0")
     assert code == 2 and "--jobs" in err
     code, err = _cli(
         capsys,
@@ -296,17 +301,18 @@ def test_other_cli_mistakes_are_usage_errors(capsys, tmp_path):
         json.dumps(TOPK_AXES),
     )
     assert code == 2 and "--subject" in err
-    code, err = _cli(capsys, "bench", "no_such_component", "--lane", "cpu")
+    code, err = _cli(capsys, "bench", "no_such_component", "--lane", LANE)
     assert code == 2 and "no_such_component" in err
     with pytest.raises(SystemExit) as info:
-        main(["bench", "--lane", "cpu", "--reps", "0"])
+        main(["bench", "--lane", LANE, "--reps", "0"])
     assert info.value.code == 2
 
 
+@pytest.mark.cpu
 def test_bench_and_audit_say_they_cannot_run_on_the_cpu_lane(capsys):
-    code, err = _cli(capsys, "bench", "--lane", "cpu")
+    code, err = _cli(capsys, "bench", "--lane", LANE)
     assert code == 3 and "needs a GPU lane" in err
-    code, err = _cli(capsys, "audit", "cublas", "--lane", "cpu")
+    code, err = _cli(capsys, "audit", "cublas", "--lane", LANE)
     assert code == 3 and "needs a GPU lane" in err
 
 
@@ -450,9 +456,9 @@ def test_max_m_that_cuts_nothing_the_cases_could_run_leaves_the_verdict_inconclu
 def test_a_refused_sweep_leaves_an_existing_report_alone(capsys, tmp_path):
     precious = tmp_path / "precious.jsonl"
     precious.write_text("keep me\n")
-    code, err = _cli(capsys, "sweep", "mean", "--lane", "cpu", "--report", str(precious), "--jobs", "0")
+    code, err = _cli(capsys, "sweep", "mean", "--lane", LANE, "--report", str(precious), "--jobs", "0")
     assert code == 2 and precious.read_text() == "keep me\n"
-    code, err = _cli(capsys, "sweep", "mean", "--lane", "cpu", "--jobs", str(2**31))
+    code, err = _cli(capsys, "sweep", "mean", "--lane", LANE, "--jobs", str(2**31))
     assert code == 2 and "--jobs" in err
 
 
@@ -467,7 +473,7 @@ def test_more_axes_mistakes_are_usage_errors(capsys, axes_text, message):
     import re
 
     code, err = _cli(
-        capsys, "repro", "topk", "--lane", "cpu", "--check", "agreement", "--seed", "0", "--axes", axes_text
+        capsys, "repro", "topk", "--lane", LANE, "--check", "agreement", "--seed", "0", "--axes", axes_text
     )
     assert code == 2 and re.search(message, err), err
 
@@ -496,7 +502,7 @@ def test_list_items_and_seeds_are_checked(capsys):
     )
     assert code == 2 and "expects items of int" in err, err
     with pytest.raises(SystemExit) as info:
-        main(["repro", "mean", "--lane", "cpu", "--check", "agreement", "--seed", str(2**64), "--axes", "{}"])
+        main(["repro", "mean", "--lane", LANE, "--check", "agreement", "--seed", str(2**64), "--axes", "{}"])
     assert info.value.code == 2
 
 
