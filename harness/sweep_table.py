@@ -36,15 +36,15 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
     from rich.table import Table
 
     table = Table(title=f"batchinv sweep — lane {lane.value} — {env['device']}")
-    numeric = ("rows differing", "worst ULP", "cases", "seconds")
+    numeric = ("rows differing", "worst ULP", "error/bound", "cases", "seconds")
     for col in (
         "component",
         "check",
         "fast",
-        *numeric[:2],
+        *numeric[:3],
         "first difference",
         "negative control",
-        *numeric[2:],
+        *numeric[3:],
     ):
         table.add_column(col, justify="right" if col in numeric else "left")
     for c in outcome.checks:

@@ -540,3 +540,27 @@ def test_ctrl_c_to_the_whole_process_group_during_worker_start_up_prints_no_trac
     assert proc.returncode == 130, (out, err)
     assert "Traceback" not in err + out and "Exception in thread" not in err, err
     assert str(report) in err
+
+
+def test_the_sweep_table_has_a_header_for_every_column():
+    from rich.console import Console
+
+    from batchinv.harness.sweep_table import print_outcome
+
+    outcome = run_sweep([_toy(fast=_m_dependent)], Lane.CPU, include_baselines=False)
+    buffer = io.StringIO()
+    print_outcome(Console(file=buffer, width=300), outcome, Lane.CPU, {"device": "cpu"}, Path("r.jsonl"))
+    lines = buffer.getvalue().splitlines()
+    header = next(ln for ln in lines if "component" in ln and "check" in ln)
+    row = next(ln for ln in lines if "batch_prefix" in ln)
+    for name in (
+        "rows differing",
+        "worst ULP",
+        "error/bound",
+        "first difference",
+        "negative control",
+        "cases",
+        "seconds",
+    ):
+        assert name in header
+    assert header.count("┃") == row.count("│")
