@@ -316,17 +316,15 @@ def test_bench_and_audit_say_they_cannot_run_on_the_cpu_lane(capsys):
     assert code == 3 and "needs a GPU lane" in err
 
 
-@pytest.mark.cpu
-def test_ctrl_c_leaves_the_partial_report_path_and_no_traceback(tmp_path):
-    report = tmp_path / "partial.jsonl"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
+def _sweep_process(component: str, report: Path, *, new_session: bool = False) -> subprocess.Popen[str]:
+    """``batchinv sweep COMPONENT --lane cpu --jobs 2`` in a child process, its output piped."""
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
             "batchinv.harness.cli",
             "sweep",
-            "topk",
+            component,
             "--lane",
             "cpu",
             "--no-progress",
@@ -338,8 +336,15 @@ def test_ctrl_c_leaves_the_partial_report_path_and_no_traceback(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=new_session,
     )
+
+
+@pytest.mark.cpu
+def test_ctrl_c_leaves_the_partial_report_path_and_no_traceback(tmp_path):
+    report = tmp_path / "partial.jsonl"
+    proc = _sweep_process("topk", report, new_session=False)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         if report.exists() and len(report.read_text().splitlines()) >= 2:
@@ -510,27 +515,7 @@ def test_list_items_and_seeds_are_checked(capsys):
 def test_ctrl_c_to_the_whole_process_group_during_worker_start_up_prints_no_traceback(tmp_path):
     """As a terminal delivers it: SIGINT to every process of the group, while workers import."""
     report = tmp_path / "early.jsonl"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "batchinv.harness.cli",
-            "sweep",
-            "mean",
-            "--lane",
-            "cpu",
-            "--no-progress",
-            "--jobs",
-            "2",
-            "--report",
-            str(report),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,
-    )
+    proc = _sweep_process("mean", report, new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (report.exists() and report.read_text()):
         time.sleep(0.05)

@@ -206,20 +206,25 @@ def accumulation_group(batch: Batch) -> int:
     return p.config.block_k if p.interpreted else 16
 
 
-def tight(batch: Batch, reference: Outputs) -> Outputs:
-    """The judged bound: :func:`batchinv.reference.matmul.tight_bound` in this lane's grouping."""
+def _bound_of(fn: Any, batch: Batch, reference: Outputs, **extra: Any) -> Outputs:
+    """``fn`` (a bound of :mod:`batchinv.reference.matmul`) on the batch's operands."""
     s = batch.shared
     return (
-        ref_matmul.tight_bound(
+        fn(
             batch.rows["x"],
             s["weight"],
             s["bias"],
             layout=s["layout"],
             out_dtype=s["out_dtype"],
             reference=reference[0],
-            group=accumulation_group(batch),
+            **extra,
         ),
     )
+
+
+def tight(batch: Batch, reference: Outputs) -> Outputs:
+    """The judged bound: :func:`batchinv.reference.matmul.tight_bound` in this lane's grouping."""
+    return _bound_of(ref_matmul.tight_bound, batch, reference, group=accumulation_group(batch))
 
 
 def exact(batch: Batch, reference: Outputs) -> Outputs:
@@ -252,17 +257,7 @@ def exact(batch: Batch, reference: Outputs) -> Outputs:
 
 def bound(batch: Batch, reference: Outputs) -> Outputs:
     """The derived fp32-accumulation bound of :func:`batchinv.reference.matmul.tolerance_bound`."""
-    s = batch.shared
-    return (
-        ref_matmul.tolerance_bound(
-            batch.rows["x"],
-            s["weight"],
-            s["bias"],
-            layout=s["layout"],
-            out_dtype=s["out_dtype"],
-            reference=reference[0],
-        ),
-    )
+    return _bound_of(ref_matmul.tolerance_bound, batch, reference)
 
 
 def error_cases(device: torch.device) -> list[ErrorCase]:
