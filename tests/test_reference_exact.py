@@ -95,3 +95,15 @@ def test_exact_row_sums_are_exact():
     assert exact_row_sums(v.to(BF16)) == exact_row_sums(v.to(BF16).float())
     with pytest.raises(ValueError, match="finite"):
         exact_row_sums(torch.tensor([[1.0, math.inf]]))
+
+
+def test_power_of_two_is_exact_from_its_bits_over_the_whole_range():
+    """The scale of round_once: exact for every exponent (CUDA's pow is not correctly rounded;
+    on an H200 it turned exact ties into near-ties), and refused outside fp64's normal range."""
+    from batchinv.reference.exact import power_of_two
+
+    exponents = torch.arange(-1022, 1024)
+    expected = torch.tensor([math.ldexp(1.0, int(e)) for e in exponents], dtype=torch.float64)
+    assert torch.equal(power_of_two(exponents), expected)
+    with pytest.raises(ValueError, match="exponent"):
+        power_of_two(torch.tensor([1024]))
