@@ -3,5 +3,5 @@
 # Where: any machine.  CI (.ci/run -> make test) runs the same tests, not the sweep.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-make test PYTEST_ARGS="-n auto --lane cpu"
+make test PYTEST_ARGS="-n auto --dist loadgroup --lane cpu"
 make sweep SWEEP_ARGS="--lane cpu --no-progress"

@@ -307,7 +307,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print(
             "batchinv audit cublas needs a GPU lane (cuBLAS); this is the cpu lane: nothing audited.\n"
             "A dry run of the audit's plumbing on the CPU BLAS, writing nothing: "
-            "python -m batchinv.harness.cublas_audit --lane cpu --no-save",
+            f"{sys.executable} -m batchinv.harness.cublas_audit --lane cpu --no-save",
             file=sys.stderr,
         )
         return 3
@@ -361,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("audit", help="audit library pins (target: cublas)")
     p.add_argument("target")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the audit")
+    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="AUDIT_ARGS", help="arguments for the audit")
     add_lane(p)
     p.set_defaults(func=cmd_audit)
     return parser

@@ -59,6 +59,8 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
             status += f" ({c.failed + c.errors}/{c.cases})"
         if c.reference_path and c.status != "reference path":
             status += f" [yellow]({c.reference_path} reference path)[/]"
+        if c.skipped and c.status != "skip":
+            status += f" [dim]({c.skipped} skipped)[/]"
         table.add_row(
             c.component,
             c.check,
