@@ -33,7 +33,11 @@ from batchinv.harness.compare import (
 )
 from batchinv.harness.lanes import Lane, lane_device
 from batchinv.harness.registry import (
+    CHECKS,
+    CO_BATCH_SIZES,
     INVARIANCE_CHECKS,
+    REQUEST_CHECKS,
+    ROW_CHECKS,
     ROW_OFFSET_RANDOM,
     ROW_OFFSETS,
     Batch,
@@ -179,8 +183,15 @@ def _run(
         with invariance.inputs_untouched(b):
             return as_outputs(impl(**b.kwargs()))
 
+    unit = "requests" if component.requests is not None else "rows"
     if batch.num_rows == 0:
-        result.status, result.detail = "skip", "nothing to compare: the case has no rows"
+        result.status, result.detail = "skip", f"nothing to compare: the case has no {unit}"
+        return
+    if check in REQUEST_CHECKS and component.requests is None:
+        result.status, result.detail = "skip", "a row-wise component has no request model"
+        return
+    if check in ROW_CHECKS and check not in ("partition", "repeat") and component.requests is not None:
+        result.status, result.detail = "skip", f"{check} is a row check; this component is request-level"
         return
     if check == "agreement":
         fast_out = call(batch)
@@ -231,10 +242,10 @@ def _run(
         )
     elif check == "repeat":
         driver = invariance.repeat(call, batch)
+    elif check in REQUEST_CHECKS:
+        driver = _request_check(component, check, case, device, call, batch, generator, result, m_limit)
     else:
-        raise ValueError(
-            f"check: expected one of agreement, batch_prefix, position, row_start, partition, repeat; got {check!r}"
-        )
+        raise ValueError(f"check: expected one of {', '.join(CHECKS)}; got {check!r}")
     result.status = "pass" if driver.passed else "fail"
     if driver.passed and not driver.comparisons:
         result.status = "skip"
@@ -246,6 +257,33 @@ def _run(
     result.first_difference = driver.first_difference
     result.detail = driver.detail
     launches.mark(result)
+
+
+def _request_check(
+    component: Component,
+    check: str,
+    case: Case,
+    device: torch.device,
+    call: Callable[[Batch], Outputs],
+    batch: Batch,
+    generator: torch.Generator,
+    result: CheckResult,
+    m_limit: int | None,
+) -> invariance.DriverResult:
+    """co_batch, slot or placement of a request-level component.  The other requests are the
+    same case built with another seed (as the position check's neighbours); co_batch cycles
+    through them to reach each co-batch size of :data:`CO_BATCH_SIZES` (``--max-m`` cuts the
+    sizes whose launch, the target and its co-batch, would pass it)."""
+    model = component.requests
+    assert model is not None  # the caller dispatches request checks of request-level components only
+    if check == "placement":
+        return invariance.placement(call, batch, model, generator)
+    others = built(component, case.with_seed(case.seed + 7919), device)
+    if check == "slot":
+        return invariance.slot(call, batch, others, model, generator)
+    sizes = tuple(k for k in CO_BATCH_SIZES if m_limit is None or k + 1 <= m_limit)
+    result.m_cut = len(sizes) < len(CO_BATCH_SIZES) and others.num_rows > 0
+    return invariance.co_batch(call, batch, others, model, sizes, generator)
 
 
 @dataclass

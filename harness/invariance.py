@@ -1,9 +1,12 @@
-"""Invariance drivers: generic checks that a row's bits depend on that row alone.
+"""Invariance drivers: generic checks that a row's (or a request's) bits depend on it alone.
 
 Each driver takes an implementation as ``fn(batch) -> Outputs`` (see
 :mod:`batchinv.harness.registry`) and returns a :class:`DriverResult`.  They know nothing about
 components, so the harness tests can hand them planted functions that depend on M, on
 position, on row_start or on the partition count, and watch each driver catch its own.
+The request drivers (:func:`co_batch`, :func:`slot`, :func:`placement`) also take the
+component's :class:`~batchinv.harness.registry.RequestModel`, which splits, joins and relocates
+requests; they compare a request's every output with the request's own outputs alone.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from batchinv.harness.compare import BitwiseReport, compare_bitwise
-from batchinv.harness.registry import Batch, Outputs, as_outputs
+from batchinv.harness.registry import CO_BATCH_SIZES, Batch, Outputs, RequestModel, as_outputs
 
 Impl = Callable[[Batch], Outputs]
 
@@ -239,3 +242,104 @@ def repeat(fn: Impl, batch: Batch, times: int = 3) -> DriverResult:
 def sm_partition_counts(sm_count: int) -> tuple[int, ...]:
     """The partition axis of DESIGN.md: 1, 2, 3, SMs, SMs + 1, 2 * SMs + 1 (deduplicated)."""
     return tuple(dict.fromkeys((1, 2, 3, sm_count, sm_count + 1, 2 * sm_count + 1)))
+
+
+# --- request-level drivers --------------------------------------------------------------------
+
+
+def request_targets(num_requests: int, generator: torch.Generator) -> list[int]:
+    """The target requests of the request checks: the first, the last and one at random."""
+    if num_requests <= 0:
+        return []
+    pick = int(torch.randint(num_requests, (1,), generator=generator))
+    return sorted({0, num_requests - 1, pick})
+
+
+def _cycled(num: int, count: int, generator: torch.Generator) -> list[int]:
+    """``count`` request indices among ``num``: random permutations of ``range(num)`` one after
+    another (each request once before any repeats), so a small batch fills a large co-batch."""
+    out: list[int] = []
+    while len(out) < count:
+        out += torch.randperm(num, generator=generator).tolist()
+    return out[:count]
+
+
+def co_batch(
+    fn: Impl,
+    batch: Batch,
+    others: Batch,
+    model: RequestModel,
+    sizes: Sequence[int] = CO_BATCH_SIZES,
+    generator: torch.Generator | None = None,
+) -> DriverResult:
+    """A request's outputs are the same bits alone and in any co-batch.
+
+    For each target request ``t`` of ``batch`` (first, last, random): ``fn(take(batch, [t]))`` is
+    the expectation; ``t`` first in ``concat([take(batch, [t]), take(others, k requests)])`` for
+    each co-batch size ``k`` in ``sizes`` (``others``' requests cycled in random order when it
+    has fewer than ``k``), and ``t`` inside the whole ``batch``, must give the same bits.
+    """
+    g = generator if generator is not None else torch.Generator().manual_seed(0)
+    result = DriverResult(vacuous="no other request: neither the batch nor the co-batches have one")
+    n, m = batch.num_rows, others.num_rows
+    full = _call(fn, batch)
+    for t in request_targets(n, g):
+        alone_batch = model.take(batch, [t])
+        expected = _call(fn, alone_batch)
+        result.record(
+            f"request {t} in its batch of {n}",
+            compare_outputs(expected, _rows(full, t)),
+            [t],
+            meaningful=n > 1,
+        )
+        if m == 0:
+            continue
+        for k in sizes:
+            mixed = model.concat([alone_batch, model.take(others, _cycled(m, k, g))])
+            got = _rows(_call(fn, mixed), 0)
+            result.record(f"request {t} with {k} others", compare_outputs(expected, got), [t])
+    return result
+
+
+def slot(
+    fn: Impl, batch: Batch, others: Batch, model: RequestModel, generator: torch.Generator | None = None
+) -> DriverResult:
+    """A request's outputs are the same bits at any slot of the same co-batch.
+
+    For each target request ``t`` of ``batch`` (first, last, random), ``t`` is inserted among all
+    of ``others``' requests at slot 0 (the expectation) and at slots 1, the middle, the last and
+    one at random; the co-batch is the same requests each time, only ``t``'s slot moves.
+    """
+    g = generator if generator is not None else torch.Generator().manual_seed(0)
+    result = DriverResult(vacuous="no other request: there is no other slot")
+    n, m = batch.num_rows, others.num_rows
+    if m == 0:
+        return result
+    rest = list(range(m))
+    slots = sorted({1, m // 2, m, int(torch.randint(m + 1, (1,), generator=g))} - {0})
+    for t in request_targets(n, g):
+        alone = model.take(batch, [t])
+
+        def at(s: int, alone: Batch = alone) -> Batch:
+            parts = [model.take(others, rest[:s]), alone, model.take(others, rest[s:])]
+            return model.concat([p for p in parts if p.num_rows])
+
+        expected = _rows(_call(fn, at(0)), 0)
+        for s in slots:
+            got = _rows(_call(fn, at(s)), s)
+            result.record(f"request {t} at slot {s}/{m + 1}", compare_outputs(expected, got), [t])
+    return result
+
+
+def placement(
+    fn: Impl, batch: Batch, model: RequestModel, generator: torch.Generator, times: int = 3
+) -> DriverResult:
+    """The same logical requests with their data in other physical places (other pages, pages
+    in another order, other table padding; NaN wherever no request points) give the same bits,
+    request by request."""
+    result = DriverResult()
+    expected = _call(fn, batch)
+    for i in range(times):
+        got = _call(fn, model.relocate(batch, generator))
+        result.record(f"relocation {i + 1}", compare_outputs(expected, got))
+    return result

@@ -13,6 +13,12 @@ Data model:
 * a :class:`Batch` is one launch's inputs: ``rows`` (tensors whose dim 0 is the row axis) and
   ``shared`` operands (weights, k, eps...).  ``fn(**batch.kwargs())`` calls an implementation.
 * an implementation returns one tensor or a tuple of tensors, each with dim 0 = rows.
+
+Units: a row-wise component's unit is a row; a *request-level* component (``Component.requests``
+set, a :class:`RequestModel`) takes a batch of requests: dim 0 of every ``rows`` tensor and of
+every output is the request axis (``Batch.num_rows`` counts requests), and ragged or paged data
+(a paged KV cache) lives in ``shared`` operands that the request model knows how to take,
+concatenate and relocate.  The same cases, checks, reports and repro lines serve both.
 """
 
 from __future__ import annotations
@@ -216,9 +222,39 @@ class ErrorCase:
     applies_to: tuple[str, ...] = ("fast", "reference")  # e.g. ("fast",) for a GPU-path-only error
 
 
-#: The invariance checks, in sweep order.
-INVARIANCE_CHECKS: tuple[str, ...] = ("batch_prefix", "position", "row_start", "partition", "repeat")
+#: The row checks' invariance checks, in sweep order ("partition" and "repeat" also serve requests).
+ROW_CHECKS: tuple[str, ...] = ("batch_prefix", "position", "row_start", "partition", "repeat")
+#: The request-level invariance checks (components with ``requests``), after the row checks.
+REQUEST_CHECKS: tuple[str, ...] = ("co_batch", "slot", "placement")
+#: Every invariance check, in sweep order.
+INVARIANCE_CHECKS: tuple[str, ...] = (*ROW_CHECKS, *REQUEST_CHECKS)
 CHECKS: tuple[str, ...] = ("agreement", *INVARIANCE_CHECKS)
+
+#: Co-batch sizes (other requests sharing the launch) of the co_batch check; ``--max-m`` cuts them.
+CO_BATCH_SIZES: tuple[int, ...] = (1, 2, 7, 31, 255)
+
+
+@dataclass(frozen=True)
+class RequestModel:
+    """How a request-level component's batch splits into requests and joins again.
+
+    Dim 0 of every ``rows`` tensor is the request axis; ragged or paged data shared by the
+    requests (a paged KV cache and its page pool) is in ``shared`` and rewritten by these.
+
+    Attributes:
+        take: ``take(batch, requests) -> Batch``: a batch of just those requests, in that order
+            (an index may repeat: the co_batch check cycles through a small batch's requests).
+            It may keep the whole shared pool (a paged KV cache) or copy the pages it needs.
+        concat: ``concat(parts) -> Batch``: the requests of every part, in order, in one launch
+            (for paged KV: page pools concatenated, block tables offset).
+        relocate: ``relocate(batch, generator) -> Batch``: the same logical requests with their
+            data in other physical places (other pages, pages in another order, other table
+            padding); every byte no request references is NaN.
+    """
+
+    take: Callable[[Batch, Sequence[int]], Batch]
+    concat: Callable[[Sequence[Batch]], Batch]
+    relocate: Callable[[Batch, torch.Generator], Batch]
 
 
 @dataclass(frozen=True)
@@ -253,6 +289,10 @@ class Component:
             obviously correct; same signature and outputs as ``reference``).  Agreement on a
             batch off the fast path compares ``fast`` with it, since comparing with the reference
             would compare the reference with itself.  Required when ``fast_path`` is given.
+        requests: set for a request-level component: its :class:`RequestModel`.  Its outputs
+            have dim 0 = request (e.g. ``o [R, Q, Hq, D]``, ``lse [R, Q, Hq]``) and its checks are
+            agreement, co_batch, slot, placement, partition (with ``partition_arg``) and repeat,
+            never batch_prefix, position or row_start.
     """
 
     name: str
@@ -272,6 +312,7 @@ class Component:
     bench_cases: Callable[[Lane], Sequence[Case]] = lambda lane: ()
     fast_path: Callable[[Batch], bool] | None = None
     oracle: Callable[..., Any] | None = None
+    requests: RequestModel | None = None
 
     def __post_init__(self) -> None:
         if self.fast_path is not None and self.oracle is None:
@@ -288,9 +329,17 @@ class Component:
             f"component {self.name!r} has no baseline {name!r}; known: {[b.name for b in self.baselines]}"
         )
 
+    @property
+    def is_request_level(self) -> bool:
+        return self.requests is not None
+
     def applicable_checks(self) -> tuple[str, ...]:
-        """The checks that apply to this component (row_start and partition are optional)."""
-        skip = set()
+        """The checks that apply to this component (row_start and partition are optional; a
+        request-level component has the request checks instead of the row checks)."""
+        if self.requests is not None:
+            partition = ("partition",) if self.partition_arg is not None else ()
+            return ("agreement", *REQUEST_CHECKS, *partition, "repeat")
+        skip = set(REQUEST_CHECKS)
         if self.shift_row_start is None:
             skip.add("row_start")
         if self.partition_arg is None:
