@@ -345,3 +345,16 @@ def test_relocating_and_concatenating_ragged_batches_keeps_every_request(lengths
     n = len(lengths)
     assert torch.equal(sums[:n], expected[0]) and torch.equal(sums[n:], expected[0].flip(0))
     assert torch.equal(maxes[:n], expected[1])
+
+
+@pytest.mark.parametrize("check", ["batch_prefix", "position", "row_start"])
+def test_row_checks_do_not_run_on_a_request_level_component(check):
+    result = run_check(TOY, FAST, check, CASE, Lane.CPU)
+    assert result.status == "skip" and "request-level" in result.detail
+
+
+def test_max_m_cuts_the_co_batch_sizes_and_says_so():
+    cut = run_check(TOY, "small_batch", "co_batch", CASE, Lane.CPU, m_limit=3)
+    assert cut.m_cut
+    assert not any("with 7 others" in w or "with 255 others" in w for w in cut.where)
+    assert not run_check(TOY, FAST, "co_batch", CASE, Lane.CPU).m_cut
