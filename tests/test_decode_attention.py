@@ -289,3 +289,56 @@ def test_topk_then_sparse_attention_end_to_end():
     assert ((indices >= -1) & (indices < lens[:, None, None])).all()
     sparse = Batch({**batch.rows, "indices": indices}, batch.shared)
     assert_agrees(sparse, run(fast, sparse))
+
+
+def _split_partials_fp32(q, k, v, scale, split):
+    """fp32 partial (o_s, lse_s) of one token's heads over splits of ``split`` positions.
+    q (Hq, D), k/v (N, Hq, D) -> o_s (n_s, Hq, D), lse_s (n_s, Hq)."""
+    outs, lses = [], []
+    for start in range(0, k.shape[0], split):
+        s = torch.einsum("hd,nhd->hn", q.float(), k[start : start + split].float()) * scale  # [Hq, n]
+        lse = torch.logsumexp(s, dim=-1)  # [Hq]
+        p = (s - lse[:, None]).exp()
+        outs.append(torch.einsum("hn,nhd->hd", p, v[start : start + split].float()))
+        lses.append(lse)
+    return torch.stack(outs), torch.stack(lses)
+
+
+def _merge_fp32(o_s, lse_s, order):
+    m = lse_s.max(dim=0).values  # [Hq]
+    acc = torch.zeros_like(o_s[0])
+    total = torch.zeros_like(m)
+    for s in order:
+        w = (lse_s[s] - m).exp()
+        acc = acc + w[:, None] * o_s[s]
+        total = total + w
+    return acc / total[:, None], m + total.log()
+
+
+def test_merging_splits_in_another_order_stays_within_the_bound():
+    """Why the bound cannot catch a reordered merge (that takes a bitwise, order-aware check):
+    an fp32 split-KV computation merged ascending and descending both sit inside it."""
+    batch = component.build(case_of(R=2, Q=1, Hq=4, Hkv=4, lengths="equal", longest=97), torch.device("cpu"))
+    kw = batch.kwargs()
+    ref = reference(**kw)
+    config = decode_attention_config("interp", 16, torch.bfloat16)
+    bound_o, bound_lse = attention_bound(
+        **kw, reference=ref, split_tokens=config.split_tokens, block_n=config.block_n
+    )
+    differs = False
+    for r in range(2):
+        length = int(kw["seq_lens"][r])
+        pages = kw["block_table"][r, : -(-length // 16)].long()
+        k = kw["k_cache"][pages].reshape(-1, 4, 16)[:length]
+        v = kw["v_cache"][pages].reshape(-1, 4, 16)[:length]
+        o_s, lse_s = _split_partials_fp32(kw["q"][r, 0], k, v, kw["scale"], config.split_tokens)
+        results = []
+        for order in (range(len(o_s)), reversed(range(len(o_s)))):
+            o, lse = _merge_fp32(o_s, lse_s, list(order))
+            assert bool(((o.bfloat16().double() - ref[0][r, 0]).abs() <= bound_o[r, 0]).all())
+            assert bool(((lse.double() - ref[1][r, 0]).abs() <= bound_lse[r, 0]).all())
+            results.append((o, lse))
+        differs |= not torch.equal(results[0][0], results[1][0]) or not torch.equal(
+            results[0][1], results[1][1]
+        )
+    assert differs, "the two merge orders gave the same fp32 bits: pick other inputs"
