@@ -291,14 +291,15 @@ def test_topk_then_sparse_attention_end_to_end():
     assert_agrees(sparse, run(fast, sparse))
 
 
-def _split_partials_fp32(q, k, v, scale, split):
-    """fp32 partial (o_s, lse_s) of one token's heads over splits of ``split`` positions.
+def _split_partials_fp32(q, k, v, scale, split, weights_dtype=torch.float32):
+    """fp32 partial (o_s, lse_s) of one token's heads over splits of ``split`` positions, the
+    weights rounded to ``weights_dtype`` before the sum with v (bf16: the usual flash shortcut).
     q (Hq, D), k/v (N, Hq, D) -> o_s (n_s, Hq, D), lse_s (n_s, Hq)."""
     outs, lses = [], []
     for start in range(0, k.shape[0], split):
         s = torch.einsum("hd,nhd->hn", q.float(), k[start : start + split].float()) * scale  # [Hq, n]
         lse = torch.logsumexp(s, dim=-1)  # [Hq]
-        p = (s - lse[:, None]).exp()
+        p = (s - lse[:, None]).exp().to(weights_dtype).float()
         outs.append(torch.einsum("hn,nhd->hd", p, v[start : start + split].float()))
         lses.append(lse)
     return torch.stack(outs), torch.stack(lses)
@@ -342,3 +343,33 @@ def test_merging_splits_in_another_order_stays_within_the_bound():
             results[0][1], results[1][1]
         )
     assert differs, "the two merge orders gave the same fp32 bits: pick other inputs"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_bf16_rounded_weights_exceed_the_bound(dtype):
+    """The bound's teeth against a precision downgrade: rounding the softmax weights to bf16
+    before the sum with v (tl.dot(p.to(bf16), v)) lands far outside it (measured ~16x)."""
+    batch = component.build(
+        case_of(R=3, Q=1, Hq=4, Hkv=4, lengths="equal", longest=97, dtype=dtype), torch.device("cpu")
+    )
+    kw = batch.kwargs()
+    ref = reference(**kw)
+    config = decode_attention_config("interp", 16, kw["q"].dtype)
+    bound_o, _ = attention_bound(
+        **kw, reference=ref, split_tokens=config.split_tokens, block_n=config.block_n
+    )
+    worst = {torch.float32: 0.0, torch.bfloat16: 0.0}
+    for r in range(3):
+        length = int(kw["seq_lens"][r])
+        pages = kw["block_table"][r, : -(-length // 16)].long()
+        k = kw["k_cache"][pages].reshape(-1, 4, 16)[:length]
+        v = kw["v_cache"][pages].reshape(-1, 4, 16)[:length]
+        for weights_dtype in worst:
+            o_s, lse_s = _split_partials_fp32(
+                kw["q"][r, 0], k, v, kw["scale"], config.split_tokens, weights_dtype
+            )
+            o, _ = _merge_fp32(o_s, lse_s, range(len(o_s)))
+            ratio = (o.to(kw["q"].dtype).double() - ref[0][r, 0]).abs() / bound_o[r, 0]
+            worst[weights_dtype] = max(worst[weights_dtype], float(ratio.max()))
+    assert worst[torch.float32] <= 1.0
+    assert worst[torch.bfloat16] > 2.0
