@@ -1,0 +1,242 @@
+"""Batch-invariant split-KV (flash-decoding) decode attention over a paged KV cache: the launcher
+of ``kernels/decode_attention.py``.
+
+The split -- a fixed number of KV slots per split -- comes from :data:`DECODE_ATTENTION_TABLE`,
+keyed ONLY on (arch, head dim, dtype): never on the batch, the SM count, or other requests'
+lengths.  Each query token gets ``ceil(its slots / split_tokens)`` splits; the grid is
+``(R * Q * Hkv, max splits the table width allows)``, sized from shapes only, so a launch needs
+no host sync and can be captured in a CUDA graph (the value checks that read lengths and page
+ids are skipped under capture, as :mod:`batchinv.fast.topk` does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
+
+import torch
+
+from batchinv.fast.device import arch, check_launch_device, interpreter_quiet, kernel_operand
+from batchinv.fast.kernels.decode_attention import (
+    decode_attention_merge_kernel,
+    decode_attention_split_kernel,
+)
+from batchinv.fast.row_config import arch_family
+from batchinv.reference.decode_attention import AttentionShape, check_decode_attention_arguments
+from batchinv.reference.errors import ArgumentError
+
+__all__ = [
+    "DECODE_ATTENTION_TABLE",
+    "DecodeAttentionConfig",
+    "decode_attention",
+    "decode_attention_config",
+    "launch",
+]
+
+
+@dataclass(frozen=True)
+class DecodeAttentionConfig:
+    """A launch configuration of the split-KV kernel.
+
+    Attributes:
+        split_tokens: KV slots per split (a multiple of ``block_n``): sets the split boundaries
+            and so the merge tree -- it alone (with ``block_n``) fixes a token's reduction order.
+        block_n: slots per chunk of a split's online softmax (a power of two, >= 16 for tl.dot).
+        num_warps: warps per program.
+    """
+
+    split_tokens: int
+    block_n: int
+    num_warps: int
+
+    def __post_init__(self) -> None:
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"block_n: expected a power of two >= 16, got {self.block_n}")
+        if self.split_tokens < self.block_n or self.split_tokens % self.block_n:
+            raise ValueError(f"split_tokens: expected a multiple of block_n, got {self.split_tokens}")
+
+
+def _table() -> dict[tuple[str, int, torch.dtype], DecodeAttentionConfig]:
+    table: dict[tuple[str, int, torch.dtype], DecodeAttentionConfig] = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        # GPUs: 256-slot splits, 64-slot chunks (32 at D = 256 to bound registers).  Untuned.
+        for head_dim in (64, 128, 256):
+            table[("gpu", head_dim, dtype)] = DecodeAttentionConfig(
+                split_tokens=256, block_n=64 if head_dim <= 128 else 32, num_warps=4
+            )
+        # The interpreter pays per operation: 32-slot splits of two 16-slot chunks, so tiny
+        # contexts already merge several splits and end in masked tails.
+        for head_dim in (16, 32, 64, 128, 256):
+            table[("interp", head_dim, dtype)] = DecodeAttentionConfig(
+                split_tokens=32, block_n=16, num_warps=1
+            )
+    return table
+
+
+# The configuration table.  It is keyed ONLY on (arch family, head dim, dtype): the split sets a
+# token's split boundaries and merge order, so a key on the batch (R, lengths, SM count) would make
+# a request's bits depend on its neighbours.  Never add those to the key; a CPU test checks that
+# the launcher's config is the same whatever the batch.
+DECODE_ATTENTION_TABLE: Final = MappingProxyType(_table())
+
+
+def decode_attention_config(arch_name: str, head_dim: int, dtype: torch.dtype) -> DecodeAttentionConfig:
+    """The config for ``head_dim`` and ``dtype`` on ``arch_name``.  The signature is the key.
+
+    Raises:
+        ArgumentError: a head dim the table has no entry for.
+    """
+    key = (arch_family(arch_name), head_dim, dtype)
+    if key not in DECODE_ATTENTION_TABLE:
+        dims = sorted({d for (a, d, _) in DECODE_ATTENTION_TABLE if a == key[0]})
+        raise ArgumentError("q", f"head dim D in {dims} (the kernel's table on {key[0]})", head_dim)
+    return DECODE_ATTENTION_TABLE[key]
+
+
+def max_splits(shape: AttentionShape, split_tokens: int) -> int:
+    """The most splits any token of a launch of ``shape`` can have: from shapes only (the table's
+    capacity ``T * S``, or the index slots K), never from lengths."""
+    slots = shape.max_pages * shape.page_size if shape.index_slots is None else shape.index_slots
+    return max(1, -(-slots // split_tokens))
+
+
+def launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    indices: torch.Tensor | None,
+    shape: AttentionShape,
+    config: DecodeAttentionConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch both stages on validated arguments with ``config`` (the table's, or a baseline's)."""
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (R, Q, Hq, D) contiguous
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)  # (R, Q, Hq)
+    if o.numel() == 0:
+        return o, lse.fill_(float("-inf"))
+    # The kernel reads raw memory with unit stride along D: resolve neg/conj views, make D contiguous.
+    q, k_cache, v_cache = (kernel_operand(t) for t in (q, k_cache, v_cache))
+    q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
+    block_table, seq_lens = kernel_operand(block_table).contiguous(), kernel_operand(seq_lens).contiguous()
+    has_indices = indices is not None
+    idx = kernel_operand(indices).contiguous() if indices is not None else seq_lens  # a dummy pointer
+    splits = max_splits(shape, config.split_tokens)
+    rows = shape.num_requests * shape.q_len * shape.num_q_heads
+    ws_o = torch.empty((rows, splits, shape.head_dim), dtype=torch.float32, device=q.device)
+    ws_lse = torch.empty((rows, splits), dtype=torch.float32, device=q.device)
+    index_slots = shape.index_slots or 0
+    max_tokens = shape.max_pages * shape.page_size
+    block_g = max(16, 1 << (shape.group - 1).bit_length())
+    with interpreter_quiet():
+        decode_attention_split_kernel[(shape.num_requests * shape.q_len * shape.num_kv_heads, splits)](
+            q,
+            k_cache,
+            v_cache,
+            block_table,
+            seq_lens,
+            idx,
+            ws_o,
+            ws_lse,
+            float(scale),
+            shape.q_len,
+            shape.num_kv_heads,
+            index_slots,
+            max_tokens,
+            config.split_tokens,
+            splits,
+            q.stride(0),
+            q.stride(1),
+            q.stride(2),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            v_cache.stride(0),
+            v_cache.stride(1),
+            v_cache.stride(2),
+            block_table.stride(0),
+            idx.stride(0) if has_indices else 0,
+            idx.stride(1) if has_indices else 0,
+            GROUP=shape.group,
+            HEAD_DIM=shape.head_dim,
+            PAGE_SIZE=shape.page_size,
+            BLOCK_G=block_g,
+            BLOCK_N=config.block_n,
+            HAS_INDICES=has_indices,
+            num_warps=config.num_warps,
+        )
+        decode_attention_merge_kernel[(rows,)](
+            ws_o,
+            ws_lse,
+            seq_lens,
+            o,
+            lse,
+            shape.q_len,
+            shape.num_q_heads,
+            index_slots,
+            max_tokens,
+            config.split_tokens,
+            splits,
+            HEAD_DIM=shape.head_dim,
+            HAS_INDICES=has_indices,
+            num_warps=config.num_warps,
+        )
+    return o, lse
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    indices: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch-invariant decode attention over a paged KV cache (Triton, split-KV, two stages).
+
+    ``o[r, i, h] = sum_p softmax_p(scale * <q[r, i, h], k_p>) v_p`` over the positions query
+    token i of request r attends to (dense: ``p < L - Q + i + 1``; sparse: ``indices[r, i]``
+    without -1), k/v of kv head ``h // (Hq // Hkv)``; ``lse = log sum_p exp(s_p)`` (natural log).
+
+    Parameters
+    ----------
+    q : Tensor, (R, Q, Hq, D), bfloat16 or float16; D in the table (64/128/256 on GPUs)
+    k_cache, v_cache : Tensor, (P, S, Hkv, D), q's dtype; any page order
+    block_table : Tensor, (R, T), int32; entries past ``ceil(L / S)`` are never read
+    seq_lens : Tensor, (R,), int32, ``Q <= L <= T * S``
+    scale : float, finite (used in fp32)
+    indices : Tensor, (R, Q, K), int32, optional: sparse mode, positions in ``[0, L)`` or -1
+
+    Returns
+    -------
+    (o, lse): o (R, Q, Hq, D) in q's dtype, lse (R, Q, Hq) float32, both contiguous.
+
+    Notes
+    -----
+    Stage 1 walks each token's slots in splits of ``split_tokens`` (from
+    :data:`DECODE_ATTENTION_TABLE`, keyed on arch, D and dtype) with an fp32 online softmax and
+    writes partial (o, lse) pairs in fp32; stage 2 merges them in ascending split order in fp32
+    and rounds o once.  A request's output bits are therefore invariant along every batch axis:
+    the other requests (number, lengths, contents), its slot in the batch, the physical pages
+    its KV lives in and the table's padding, and earlier calls.  An empty context (sparse, all
+    indices -1) gives o = +0, lse = -inf, never NaN.  Unreferenced memory (other pages, table
+    padding, the tail of the last page, index slots of -1) is never read.  Under CUDA-graph
+    capture the value checks are skipped; an index past the length is then ignored.
+
+    Raises
+    ------
+    DTypeError, ArgumentError, DeviceError
+        As :func:`batchinv.reference.decode_attention.check_decode_attention_arguments`; also
+        an ArgumentError for a head dim outside the table, and a DeviceError for a non-CUDA
+        tensor (CPU tensors are accepted under ``TRITON_INTERPRET=1``).
+
+    Source: flash-decoding (Dao et al. 2023) with the split size pinned (seed write-up 003).
+    """
+    shape = check_decode_attention_arguments(q, k_cache, v_cache, block_table, seq_lens, scale, indices)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_launch_device(name, t)
+    config = decode_attention_config(arch(q.device), shape.head_dim, q.dtype)
+    return launch(q, k_cache, v_cache, block_table, seq_lens, scale, indices, shape, config)

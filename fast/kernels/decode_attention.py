@@ -1,0 +1,187 @@
+"""Triton kernels of split-KV (flash-decoding) decode attention over a paged KV cache (only
+``@triton.jit`` code).
+
+Stage 1, :func:`decode_attention_split_kernel`: one program per (request r, query token i, kv
+head, split s) computes, for the ``GROUP`` query heads sharing the kv head, the attention over
+the split's ``split_tokens`` slots -- positions ``[s * split_tokens, (s + 1) * split_tokens)``
+(dense) or those slots of ``indices[r, i]`` (sparse) -- walked in chunks of ``BLOCK_N`` with an
+online softmax, and writes the partial ``(o_s, lse_s)`` in fp32 to a workspace.
+
+Stage 2, :func:`decode_attention_merge_kernel`: one program per (r, i, query head) merges the
+token's partials in ascending split order (rescaling by the running maximum lse), divides once
+and rounds o once to the output dtype.
+
+A token's split boundaries are fixed multiples of ``split_tokens`` and every reduction runs in an
+order set by ``split_tokens``, ``BLOCK_N`` and the token's own length: nothing in a program's
+arithmetic depends on other requests, their number or lengths, or the grid's size.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from batchinv.fast.kernels.softmax import round_to
+
+NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
+
+
+@triton.jit
+def _num_slots(lens_ptr, r, i, q_len, index_slots, max_tokens, HAS_INDICES: tl.constexpr):
+    """The slots token i of request r walks: its causal length (dense) or the index slots (sparse),
+    clamped to the table's capacity (never more splits than the workspace holds)."""
+    length = tl.load(lens_ptr + r)
+    if HAS_INDICES:
+        n = index_slots + 0 * length
+    else:
+        n = tl.minimum(length - q_len + i + 1, max_tokens)
+    return tl.maximum(n, 0), length
+
+
+# The request count, lengths and split size are never specialized: Triton would otherwise compile
+# variants by value (== 1, % 16 == 0), i.e. pick code by the batch.
+@triton.jit(do_not_specialize=["q_len", "index_slots", "max_tokens", "split_tokens", "max_splits"])
+def decode_attention_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    lens_ptr,
+    idx_ptr,
+    ws_o_ptr,
+    ws_lse_ptr,
+    scale,
+    q_len,
+    num_kv_heads,
+    index_slots,
+    max_tokens,
+    split_tokens,
+    max_splits,
+    stride_q_r,
+    stride_q_i,
+    stride_q_h,
+    stride_k_p,
+    stride_k_s,
+    stride_k_h,
+    stride_v_p,
+    stride_v_s,
+    stride_v_h,
+    stride_t_r,
+    stride_i_r,
+    stride_i_i,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_INDICES: tl.constexpr,
+):
+    """Partial attention of one split: ws_o[row, s] = o_s (fp32), ws_lse[row, s] = lse_s (fp32,
+    natural log) for ``row = (r * Q + i) * Hq + h``; a split with no attended slot writes
+    (0, -inf).  The last dims of q, the caches and the workspace are contiguous (stride 1)."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    kv_head = pid % num_kv_heads
+    token = pid // num_kv_heads  # r * Q + i
+    r = token // q_len
+    i = token % q_len
+    n_slots, length = _num_slots(lens_ptr, r, i, q_len, index_slots, max_tokens, HAS_INDICES)
+    start = split * split_tokens
+    if start < n_slots:
+        g = tl.arange(0, BLOCK_G)
+        g_ok = g < GROUP
+        heads = (kv_head * GROUP + g).to(tl.int64)
+        d = tl.arange(0, HEAD_DIM)
+        q_row = q_ptr + r.to(tl.int64) * stride_q_r + i.to(tl.int64) * stride_q_i
+        q = tl.load(q_row + heads[:, None] * stride_q_h + d[None, :], mask=g_ok[:, None], other=0.0)
+        q = q.to(tl.float32)
+        end = tl.minimum(start + split_tokens, n_slots)
+        m = tl.full([BLOCK_G], NEG_INF, tl.float32)
+        l_sum = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+        lanes = tl.arange(0, BLOCK_N)
+        for c in range(0, split_tokens, BLOCK_N):
+            t = start + c + lanes
+            lane_ok = t < end
+            if HAS_INDICES:
+                idx_row = idx_ptr + r.to(tl.int64) * stride_i_r + i.to(tl.int64) * stride_i_i
+                pos = tl.load(idx_row + t, mask=lane_ok, other=-1)
+                # (indices past the length are refused on the host; here they are never read)
+                valid = lane_ok & (pos >= 0) & (pos < length)
+            else:
+                pos = t
+                valid = lane_ok
+            page = tl.load(table_ptr + r.to(tl.int64) * stride_t_r + pos // PAGE_SIZE, mask=valid, other=0)
+            slot = page.to(tl.int64) * stride_k_p + (pos % PAGE_SIZE).to(tl.int64) * stride_k_s
+            kv_off = slot + kv_head.to(tl.int64) * stride_k_h  # [BLOCK_N] int64
+            k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            v_off = (
+                page.to(tl.int64) * stride_v_p
+                + (pos % PAGE_SIZE).to(tl.int64) * stride_v_s
+                + kv_head.to(tl.int64) * stride_v_h
+            )
+            v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+            # fp32 operands, IEEE products (exact: 16-bit values) and fp32 accumulation: the same
+            # math on every lane (the interpreter's 16-bit tl.dot multiplies raw bits).
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scale  # [BLOCK_G, BLOCK_N]
+            s = tl.where(valid[None, :], s, NEG_INF)
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.where(m_new == NEG_INF, 1.0, tl.exp(m - m_new))
+            p = tl.where(valid[None, :], tl.exp(s - m_new[:, None]), 0.0)
+            l_sum = l_sum * alpha + tl.sum(p, axis=1)
+            # fp32 weights times fp32 values: no 16-bit rounding of p, no TF32
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            m = m_new
+        live = l_sum > 0
+        lse = tl.where(live, m + tl.log(l_sum), NEG_INF)
+        o = tl.where(live[:, None], acc / l_sum[:, None], 0.0)
+        rows = (token.to(tl.int64) * num_kv_heads + kv_head) * GROUP + g  # [BLOCK_G]
+        ws_row = rows * max_splits + split
+        tl.store(ws_lse_ptr + ws_row, lse, mask=g_ok)
+        tl.store(ws_o_ptr + ws_row[:, None] * HEAD_DIM + d[None, :], o, mask=g_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["q_len", "index_slots", "max_tokens", "split_tokens", "max_splits"])
+def decode_attention_merge_kernel(
+    ws_o_ptr,
+    ws_lse_ptr,
+    lens_ptr,
+    o_ptr,
+    lse_ptr,
+    q_len,
+    num_q_heads,
+    index_slots,
+    max_tokens,
+    split_tokens,
+    max_splits,
+    HEAD_DIM: tl.constexpr,
+    HAS_INDICES: tl.constexpr,
+):
+    """o[row] = merge of the token's partials in ascending split order, rounded once to o's
+    dtype; lse[row] in fp32.  No attended slot at all: o = +0, lse = -inf.  o and lse are
+    contiguous (R, Q, Hq, D) and (R, Q, Hq)."""
+    row = tl.program_id(0).to(tl.int64)  # (r * Q + i) * Hq + h
+    token = row // num_q_heads
+    r = token // q_len
+    i = token % q_len
+    n_slots, _ = _num_slots(lens_ptr, r, i, q_len, index_slots, max_tokens, HAS_INDICES)
+    num_splits = (n_slots + split_tokens - 1) // split_tokens
+    d = tl.arange(0, HEAD_DIM)
+    m = tl.full((), NEG_INF, tl.float32)
+    l_sum = tl.zeros((), tl.float32)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for s in range(0, num_splits):
+        lse_s = tl.load(ws_lse_ptr + row * max_splits + s)
+        o_s = tl.load(ws_o_ptr + (row * max_splits + s) * HEAD_DIM + d)
+        live = lse_s > NEG_INF  # an empty split changes nothing, not even a zero's sign
+        m_new = tl.maximum(m, lse_s)
+        alpha = tl.exp(m - m_new)  # 0 for the first live split
+        w = tl.exp(lse_s - m_new)
+        acc = tl.where(live, acc * alpha + w * o_s, acc)
+        l_sum = tl.where(live, l_sum * alpha + w, l_sum)
+        m = tl.where(live, m_new, m)
+    has = l_sum > 0
+    o = tl.where(has, acc / l_sum, 0.0)
+    lse = tl.where(has, m + tl.log(l_sum), NEG_INF)
+    tl.store(o_ptr + row * HEAD_DIM + d, round_to(o, o_ptr.dtype.element_ty))
+    tl.store(lse_ptr + row, lse)

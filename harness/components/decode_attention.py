@@ -1,0 +1,376 @@
+"""Request-level pieces of the ``decode_attention`` component: cases, the case builder, error
+inputs, and the three request-model functions (:func:`take`, :func:`concat`, :func:`relocate`).
+
+Not registered yet (the registry's request model lands separately); everything here is a plain
+module-level function the registry entry will name.
+
+A :class:`Batch` of this component holds, per request (``rows``, dim 0 = requests): ``q``
+(R, Q, Hq, D), ``seq_lens`` (R,), ``block_table`` (R, T) and, in sparse cases, ``indices``
+(R, Q, K); and ``shared``: the page pools ``k_cache``, ``v_cache`` (P, S, Hkv, D) and ``scale``.
+Memory no request references is NaN: pages no request owns, the tail of each request's last
+page; table padding holds random page ids or -1.  Inputs come from the case's seed and a CPU
+``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from batchinv.harness.lanes import Lane
+from batchinv.harness.registry import Batch, Case, ErrorCase
+from batchinv.reference.errors import ArgumentError, DeviceError, DTypeError
+
+NAME = "decode_attention"
+DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+#: Length kinds of a case (per request, cycled or drawn from the seed):
+#: ``edges``: 1, Q, page and split boundaries +-1 of the cpu lane's table (page 16, split 32);
+#: ``mixed``: uniform in [Q, longest]; ``equal``: every request at ``longest``;
+#: ``one_huge``: one request at ``longest``, the others short.
+LENGTH_KINDS: tuple[str, ...] = ("edges", "mixed", "equal", "one_huge")
+EDGE_LENGTHS: tuple[int, ...] = (1, 2, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 95, 96, 97)
+
+
+def _case(**axes: Any) -> Case:
+    return Case(NAME, axes)
+
+
+def cases(lane: Lane) -> list[Case]:
+    """The sweep's cases on ``lane``: tiny shapes on the cpu lane (the interpreter is slow), the
+    issue's shapes on GPU lanes.  Axes: R, Q, Hq, Hkv, D, page_size, dtype, lengths (a
+    :data:`LENGTH_KINDS` kind), longest (the longest context), sparse_k (0: dense)."""
+    out: list[Case] = []
+    if lane is Lane.CPU:
+        for r, q_len, hq, hkv, d, lengths, sparse_k, dtype in (
+            (1, 1, 1, 1, 16, "edges", 0, "bfloat16"),
+            (3, 1, 4, 1, 16, "edges", 0, "bfloat16"),
+            (9, 1, 4, 4, 16, "edges", 0, "float16"),
+            (9, 2, 4, 1, 16, "edges", 0, "bfloat16"),
+            (3, 2, 4, 4, 64, "mixed", 0, "float16"),
+            (3, 1, 4, 1, 16, "one_huge", 0, "bfloat16"),
+            (3, 1, 4, 1, 16, "mixed", 24, "bfloat16"),
+            (9, 2, 4, 1, 16, "edges", 40, "float16"),
+        ):
+            out.append(
+                _case(
+                    R=r,
+                    Q=q_len,
+                    Hq=hq,
+                    Hkv=hkv,
+                    D=d,
+                    page_size=16,
+                    dtype=dtype,
+                    lengths=lengths,
+                    longest=97,
+                    sparse_k=sparse_k,
+                )
+            )
+        return out
+    for dtype in DTYPES:
+        for hq, hkv in ((32, 8), (16, 1), (8, 8)):
+            for d in (64, 128, 256):
+                for page_size in (16, 64):
+                    for lengths, longest in (("mixed", 1024), ("one_huge", 32768), ("edges", 97)):
+                        out.append(
+                            _case(
+                                R=8,
+                                Q=1,
+                                Hq=hq,
+                                Hkv=hkv,
+                                D=d,
+                                page_size=page_size,
+                                dtype=dtype,
+                                lengths=lengths,
+                                longest=longest,
+                                sparse_k=0,
+                            )
+                        )
+    for q_len in (2, 4):
+        out.append(
+            _case(
+                R=8,
+                Q=q_len,
+                Hq=32,
+                Hkv=8,
+                D=128,
+                page_size=16,
+                dtype="bfloat16",
+                lengths="mixed",
+                longest=4096,
+                sparse_k=0,
+            )
+        )
+    out.append(
+        _case(
+            R=8,
+            Q=1,
+            Hq=16,
+            Hkv=1,
+            D=128,
+            page_size=64,
+            dtype="bfloat16",
+            lengths="mixed",
+            longest=8192,
+            sparse_k=2048,
+        )
+    )
+    return out
+
+
+def _lengths(kind: str, count: int, q_len: int, longest: int, seed: int, gen: torch.Generator) -> list[int]:
+    if kind == "edges":
+        return [max(q_len, EDGE_LENGTHS[(seed + r) % len(EDGE_LENGTHS)]) for r in range(count)]
+    if kind == "mixed":
+        return [int(v) for v in torch.randint(q_len, longest + 1, (count,), generator=gen)]
+    if kind == "equal":
+        return [longest] * count
+    if kind == "one_huge":
+        short = [int(v) for v in torch.randint(q_len, q_len + 17, (count,), generator=gen)]
+        if count:
+            short[int(torch.randint(count, (1,), generator=gen))] = longest
+        return short
+    raise ValueError(f"lengths: expected one of {LENGTH_KINDS}, got {kind!r}")
+
+
+def _padding(shape: tuple[int, ...], num_pages: int, gen: torch.Generator) -> torch.Tensor:
+    """Table padding: random page ids, or -1, half and half (int64, CPU)."""
+    ids = torch.randint(max(1, num_pages), shape, generator=gen)
+    return torch.where(torch.rand(shape, generator=gen) < 0.5, ids, -1)
+
+
+def _pages_needed(lens: Sequence[int], page_size: int) -> list[int]:
+    return [-(-length // page_size) for length in lens]
+
+
+def _nan_tails(cache: torch.Tensor, table: torch.Tensor, lens: Sequence[int]) -> None:
+    """NaN the slots of each request's last page past its length (in place)."""
+    page_size = cache.shape[1]
+    for r, length in enumerate(lens):
+        if length % page_size:
+            cache[int(table[r, length // page_size]), length % page_size :] = math.nan
+
+
+def _sparse_indices(lens: Sequence[int], q_len: int, k: int, seed: int, gen: torch.Generator) -> torch.Tensor:
+    """(R, Q, K) int32: per token a random ascending set of positions < L and a -1 tail; every
+    fourth request (by seed) is an empty context (all -1); odd requests get -1 inside the list."""
+    out = torch.full((len(lens), q_len, k), -1, dtype=torch.int32)
+    for r, length in enumerate(lens):
+        if (seed + r) % 4 == 0:
+            continue
+        for i in range(q_len):
+            count = int(torch.randint(1, min(k, length) + 1, (1,), generator=gen))
+            chosen = torch.randperm(length, generator=gen)[:count].sort().values
+            row = torch.cat([chosen, torch.full((k - count,), -1)])
+            if r % 2:
+                row = row[torch.randperm(k, generator=gen)]
+            out[r, i] = row.to(torch.int32)
+    return out
+
+
+def build(case: Case, device: torch.device) -> Batch:
+    """The batch of ``case``: a deterministic function of its axes and seed."""
+    a = case.axes
+    gen = torch.Generator().manual_seed(case.seed)
+    dtype = DTYPES[a["dtype"]]
+    r_count, q_len, hq, hkv, d, page_size = a["R"], a["Q"], a["Hq"], a["Hkv"], a["D"], a["page_size"]
+    lens = _lengths(a["lengths"], r_count, q_len, a["longest"], case.seed, gen)
+    need = _pages_needed(lens, page_size)
+    spare = 1 + int(torch.randint(3, (1,), generator=gen))
+    num_pages = sum(need) + spare
+    max_pages = max(need, default=0) + 1
+    perm = torch.randperm(num_pages, generator=gen)
+    table = _padding((r_count, max_pages), num_pages, gen)
+    k_cache = torch.full((num_pages, page_size, hkv, d), math.nan, dtype=dtype)
+    v_cache = torch.full((num_pages, page_size, hkv, d), math.nan, dtype=dtype)
+    taken = 0
+    for r in range(r_count):
+        ids = perm[taken : taken + need[r]]
+        taken += need[r]
+        table[r, : need[r]] = ids
+        k_cache[ids] = torch.randn(need[r], page_size, hkv, d, generator=gen).to(dtype)
+        v_cache[ids] = torch.randn(need[r], page_size, hkv, d, generator=gen).to(dtype)
+    _nan_tails(k_cache, table, lens)
+    _nan_tails(v_cache, table, lens)
+    rows: dict[str, torch.Tensor] = {
+        "q": torch.randn(r_count, q_len, hq, d, generator=gen).to(dtype),
+        "seq_lens": torch.tensor(lens, dtype=torch.int32),
+        "block_table": table.to(torch.int32),
+    }
+    if a["sparse_k"]:
+        rows["indices"] = _sparse_indices(lens, q_len, a["sparse_k"], case.seed, gen)
+    return Batch(
+        {name: t.to(device) for name, t in rows.items()},
+        {"k_cache": k_cache.to(device), "v_cache": v_cache.to(device), "scale": 1.0 / math.sqrt(d)},
+    )
+
+
+# --- the request model -------------------------------------------------------------------------
+
+
+def take(batch: Batch, requests: Sequence[int] | torch.Tensor) -> Batch:
+    """The requests at ``requests`` (in that order), over the same page pools."""
+    idx = torch.as_tensor(requests, dtype=torch.long)
+    return Batch({k: v.index_select(0, idx.to(v.device)) for k, v in batch.rows.items()}, batch.shared)
+
+
+def _pad_last(t: torch.Tensor, width: int) -> torch.Tensor:
+    if t.shape[-1] == width:
+        return t
+    pad = torch.full((*t.shape[:-1], width - t.shape[-1]), -1, dtype=t.dtype, device=t.device)
+    return torch.cat([t, pad], dim=-1)
+
+
+def concat(parts: Sequence[Batch]) -> Batch:
+    """The requests of ``parts`` in order, over one pool: the parts' pools concatenated and each
+    part's page ids offset by the pages before it (-1 padding stays -1); block tables and index
+    lists padded with -1 to the widest.  The parts must share Q, Hq, D, dtypes and ``scale``."""
+    first = parts[0]
+    for p in parts[1:]:
+        if p.shared["scale"] != first.shared["scale"]:
+            raise ValueError("concat: parts with different scales")
+    width = max(p.rows["block_table"].shape[1] for p in parts)
+    tables, offset = [], 0
+    for p in parts:
+        t = p.rows["block_table"]
+        tables.append(_pad_last(torch.where(t >= 0, t + offset, t), width))
+        offset += p.shared["k_cache"].shape[0]
+    rows = {
+        "q": torch.cat([p.rows["q"] for p in parts]),
+        "seq_lens": torch.cat([p.rows["seq_lens"] for p in parts]),
+        "block_table": torch.cat(tables),
+    }
+    if "indices" in first.rows:
+        k = max(p.rows["indices"].shape[2] for p in parts)
+        rows["indices"] = torch.cat([_pad_last(p.rows["indices"], k) for p in parts])
+    shared = {
+        "k_cache": torch.cat([p.shared["k_cache"] for p in parts]),
+        "v_cache": torch.cat([p.shared["v_cache"] for p in parts]),
+        "scale": first.shared["scale"],
+    }
+    return Batch(rows, shared)
+
+
+def relocate(batch: Batch, generator: torch.Generator) -> Batch:
+    """The same requests with their KV in other physical pages: a fresh pool (a few more pages
+    than referenced, in a random order), each referenced page copied to its new place, NaN
+    elsewhere (the last page's tail included), and new table padding."""
+    table = batch.rows["block_table"].cpu().to(torch.int64)
+    lens = [int(v) for v in batch.rows["seq_lens"].cpu()]
+    k_old, v_old = batch.shared["k_cache"], batch.shared["v_cache"]
+    page_size = k_old.shape[1]
+    need = _pages_needed(lens, page_size)
+    num_pages = sum(need) + 1 + int(torch.randint(4, (1,), generator=generator))
+    perm = torch.randperm(num_pages, generator=generator)
+    new_table = _padding(tuple(table.shape), num_pages, generator)
+    k_new = torch.full((num_pages, *k_old.shape[1:]), math.nan, dtype=k_old.dtype, device=k_old.device)
+    v_new = torch.full_like(k_new, math.nan)
+    taken = 0
+    for r in range(len(lens)):
+        new_ids = perm[taken : taken + need[r]]
+        taken += need[r]
+        new_table[r, : need[r]] = new_ids
+        old_ids = table[r, : need[r]].to(k_old.device)
+        k_new[new_ids.to(k_old.device)] = k_old.index_select(0, old_ids)
+        v_new[new_ids.to(k_old.device)] = v_old.index_select(0, old_ids)
+    _nan_tails(k_new, new_table, lens)
+    _nan_tails(v_new, new_table, lens)
+    rows = dict(batch.rows)
+    rows["block_table"] = new_table.to(torch.int32).to(batch.rows["block_table"].device)
+    return Batch(rows, {**batch.shared, "k_cache": k_new, "v_cache": v_new})
+
+
+# --- error inputs --------------------------------------------------------------------------------
+
+
+def error_cases(device: torch.device) -> list[ErrorCase]:
+    """Bad inputs and the typed error each must raise (fast and reference alike)."""
+    base = build(
+        _case(
+            R=2,
+            Q=1,
+            Hq=4,
+            Hkv=2,
+            D=16,
+            page_size=16,
+            dtype="bfloat16",
+            lengths="edges",
+            longest=33,
+            sparse_k=0,
+        ).with_seed(3),
+        device,
+    )
+    good = base.kwargs()
+
+    def bad(**changes: Any) -> dict[str, Any]:
+        return {**good, **changes}
+
+    q, k, v, table = good["q"], good["k_cache"], good["v_cache"], good["block_table"]
+    lens = good["seq_lens"]
+    num_pages = k.shape[0]
+    capacity = table.shape[1] * k.shape[1]  # tokens the table holds
+    shortest = int(lens.min())
+    idx_ok = torch.zeros(2, 1, 4, dtype=torch.int32, device=device)
+    meta = torch.empty(q.shape, dtype=q.dtype, device="meta")
+    out = [
+        ErrorCase("q_float32", bad(q=q.float()), DTypeError, "'q'"),
+        ErrorCase("kv_dtype_mismatch", bad(k_cache=k.half()), DTypeError, "'k_cache'"),
+        ErrorCase("table_int64", bad(block_table=table.long()), DTypeError, "'block_table'"),
+        ErrorCase("lens_int64", bad(seq_lens=lens.long()), DTypeError, "'seq_lens'"),
+        ErrorCase("indices_int64", bad(indices=idx_ok.long()), DTypeError, "'indices'"),
+        ErrorCase("scale_bool", bad(scale=True), DTypeError, "'scale'"),
+        ErrorCase("scale_nan", bad(scale=math.nan), ArgumentError, "'scale'"),
+        ErrorCase("q_rank", bad(q=q[:, 0]), ArgumentError, "'q'"),
+        ErrorCase(
+            "head_dim_mismatch", bad(k_cache=k[..., :8], v_cache=v[..., :8]), ArgumentError, "'k_cache'"
+        ),
+        ErrorCase("kv_shape_mismatch", bad(v_cache=v[:-1]), ArgumentError, "'v_cache'"),
+        ErrorCase(
+            "heads_not_multiple", bad(q=torch.cat([q, q[:, :, :1]], dim=2)), ArgumentError, "'k_cache'"
+        ),
+        ErrorCase("lens_length", bad(seq_lens=lens[:1]), ArgumentError, "'seq_lens'"),
+        ErrorCase("table_length", bad(block_table=table[:1]), ArgumentError, "'block_table'"),
+        ErrorCase("indices_shape", bad(indices=idx_ok[:1]), ArgumentError, "'indices'"),
+        ErrorCase(
+            "negative_length",
+            bad(seq_lens=torch.tensor([2, -1], dtype=torch.int32, device=device)),
+            ArgumentError,
+            "'seq_lens'",
+        ),
+        ErrorCase(
+            "length_below_q",
+            bad(q=torch.cat([q, q], dim=1), seq_lens=torch.tensor([1, 15], dtype=torch.int32, device=device)),
+            ArgumentError,
+            "'seq_lens'",
+        ),
+        ErrorCase(
+            "length_beyond_table",
+            bad(seq_lens=torch.tensor([2, capacity + 1], dtype=torch.int32, device=device)),
+            ArgumentError,
+            "'seq_lens'",
+        ),
+        ErrorCase(
+            "page_id_too_large",
+            bad(block_table=torch.cat([torch.full_like(table[:, :1], num_pages), table[:, 1:]], dim=1)),
+            ArgumentError,
+            "'block_table'",
+        ),
+        ErrorCase(
+            "page_id_negative", bad(block_table=torch.full_like(table, -1)), ArgumentError, "'block_table'"
+        ),
+        ErrorCase(
+            "index_beyond_length", bad(indices=torch.full_like(idx_ok, shortest)), ArgumentError, "'indices'"
+        ),
+        ErrorCase(
+            "index_below_minus_one", bad(indices=torch.full_like(idx_ok, -2)), ArgumentError, "'indices'"
+        ),
+        ErrorCase("meta_q", bad(q=meta), DeviceError, "'q'"),
+    ]
+    if device.type == "cpu":
+        out.append(ErrorCase("kv_on_meta", bad(k_cache=k.to("meta")), DeviceError, "'k_cache'"))
+    else:
+        out.append(ErrorCase("kv_on_cpu", bad(k_cache=k.cpu(), v_cache=v.cpu()), DeviceError, "'k_cache'"))
+    return out

@@ -1,0 +1,375 @@
+"""Tests of ``decode_attention`` (split-KV over a paged KV cache, dense and sparse): agreement with
+the fp64 reference within the derived bound, the empty context, bitwise invariance along the
+request axes by hand (alone == in a co-batch == at another slot == in other pages), the
+batch-planned baseline's variance, typed errors, and top-k -> sparse attention end to end.
+
+The component is not in the registry yet; these tests drive its pieces directly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from batchinv.fast.decode_attention import DECODE_ATTENTION_TABLE, decode_attention_config
+from batchinv.fast.decode_attention import decode_attention as fast
+from batchinv.fast.decode_attention_baselines import batch_planned_splits, planned_config, sdpa_padded
+from batchinv.fast.device import arch
+from batchinv.fast.topk import topk
+from batchinv.harness.components import decode_attention as component
+from batchinv.harness.lanes import Lane
+from batchinv.harness.plugin import current_lane
+from batchinv.harness.registry import Batch, Case
+from batchinv.reference.decode_attention import attention_bound
+from batchinv.reference.decode_attention import decode_attention as reference
+
+LANE = current_lane()
+DEVICE = torch.device("cpu" if LANE is Lane.CPU else "cuda")
+
+
+def any_lane(fn):
+    """A test of kernel behaviour: the cpu lane (interpreter) and every GPU lane."""
+    return pytest.mark.cpu(pytest.mark.gpu(fn))
+
+
+def case_of(**axes) -> Case:
+    base = dict(R=3, Q=1, Hq=4, Hkv=1, D=16, page_size=16, dtype="bfloat16", lengths="edges", longest=97)
+    base.update(sparse_k=0)
+    base.update(axes)
+    return Case(component.NAME, base)
+
+
+def run(fn, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    return fn(**batch.kwargs())
+
+
+def bound_of(batch: Batch, ref: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    kw = batch.kwargs()
+    q = kw["q"]
+    config = decode_attention_config(arch(q.device), q.shape[-1], q.dtype)
+    return attention_bound(**kw, reference=ref, split_tokens=config.split_tokens, block_n=config.block_n)
+
+
+def assert_agrees(batch: Batch, out: tuple[torch.Tensor, torch.Tensor]) -> float:
+    """fast within the bound of the fp64 reference; exact where the context is empty.  Returns
+    the worst error / bound ratio."""
+    o, lse = out
+    q = batch.rows["q"]
+    assert o.dtype == q.dtype and o.shape == q.shape
+    assert lse.dtype == torch.float32 and lse.shape == q.shape[:3]
+    ref_o, ref_lse = reference(**batch.kwargs())
+    bound_o, bound_lse = bound_of(batch, (ref_o, ref_lse))
+    assert not o.isnan().any() and not lse.isnan().any()
+    empty = ref_lse == -math.inf  # (R, Q, Hq)
+    assert (lse[empty] == -math.inf).all()
+    assert (o[empty] == 0).all() and not torch.signbit(o[empty].float()).any()
+    full = ~empty
+    err_o = (o.double() - ref_o).abs()[full]
+    err_lse = (lse.double() - ref_lse).abs()[full]
+    ratio_o = float((err_o / bound_o[full]).max()) if err_o.numel() else 0.0
+    ratio_lse = float((err_lse / bound_lse[full]).max()) if err_lse.numel() else 0.0
+    assert ratio_o <= 1.0, f"o: worst error / bound = {ratio_o}"
+    assert ratio_lse <= 1.0, f"lse: worst error / bound = {ratio_lse}"
+    return max(ratio_o, ratio_lse)
+
+
+def assert_same_bits(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...], what: str) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert x.shape == y.shape, what
+        xb = x.cpu().contiguous().view(torch.int16 if x.element_size() == 2 else torch.int32)
+        yb = y.cpu().contiguous().view(torch.int16 if y.element_size() == 2 else torch.int32)
+        assert torch.equal(xb, yb), f"{what}: bits differ"
+
+
+# --- the config table ---------------------------------------------------------------------------
+
+
+def test_table_is_frozen_and_keyed_on_arch_head_dim_dtype():
+    with pytest.raises(TypeError):
+        DECODE_ATTENTION_TABLE[("gpu", 128, torch.bfloat16)] = None  # type: ignore[index]
+    for (family, head_dim, dtype), config in DECODE_ATTENTION_TABLE.items():
+        assert (
+            family in ("gpu", "interp")
+            and isinstance(head_dim, int)
+            and dtype in (torch.bfloat16, torch.float16)
+        )
+        assert config.split_tokens % config.block_n == 0
+    import inspect
+
+    assert list(inspect.signature(decode_attention_config).parameters) == ["arch_name", "head_dim", "dtype"]
+
+
+def test_planned_config_follows_the_batch():
+    base = decode_attention_config("interp", 16, torch.bfloat16)
+    one = planned_config(base, 1, 1, 97, 132)
+    many = planned_config(base, 64, 4, 97, 132)
+    assert one.split_tokens != many.split_tokens
+
+
+# --- agreement ----------------------------------------------------------------------------------
+
+
+@any_lane
+@pytest.mark.parametrize("case", component.cases(LANE), ids=lambda c: c.id)
+def test_agreement(case):
+    batch = component.build(case, DEVICE)
+    assert_agrees(batch, run(fast, batch))
+
+
+@any_lane
+def test_empty_context_gives_zero_and_minus_inf():
+    batch = component.build(case_of(R=4, Q=2, sparse_k=8, lengths="mixed", longest=40), DEVICE)
+    rows = dict(batch.rows)
+    indices = rows["indices"].clone()
+    indices[1] = -1  # request 1: nothing to attend to
+    indices[2, 1] = -1  # request 2, token 1: nothing either
+    rows["indices"] = indices
+    batch = Batch(rows, batch.shared)
+    o, lse = run(fast, batch)
+    for r, i in ((1, 0), (1, 1), (2, 1)):
+        assert (lse[r, i] == -math.inf).all()
+        assert torch.equal(
+            o[r, i].float().view(torch.int32), torch.zeros_like(o[r, i].float()).view(torch.int32)
+        )
+    assert (lse[0] == -math.inf).all()  # the builder empties every fourth request by seed
+    assert torch.isfinite(lse[3]).all() and torch.isfinite(lse[2, 0]).all()
+    assert_agrees(batch, (o, lse))
+
+
+@any_lane
+def test_dropped_last_partial_page_exceeds_the_bound():
+    """The bound's teeth: the reference without each request's last partial page is outside it."""
+    batch = component.build(case_of(R=3, Q=1, lengths="equal", longest=49), DEVICE)
+    ref = reference(**batch.kwargs())
+    bound_o, bound_lse = bound_of(batch, ref)
+    rows = dict(batch.rows)
+    rows["seq_lens"] = (rows["seq_lens"] // 16) * 16  # 49 -> 48: the partial page dropped
+    dropped = reference(**Batch(rows, batch.shared).kwargs())
+    for r in range(3):
+        assert bool(((dropped[1][r] - ref[1][r]).abs() > bound_lse[r]).all())
+        assert bool(((dropped[0][r] - ref[0][r]).abs() > bound_o[r]).any())
+
+
+# --- invariance by hand ---------------------------------------------------------------------------
+
+
+def _invariance_batch(sparse_k: int, q_len: int) -> Batch:
+    return component.build(
+        case_of(R=5, Q=q_len, Hq=4, Hkv=2, lengths="edges", sparse_k=sparse_k).with_seed(7), DEVICE
+    )
+
+
+@any_lane
+@pytest.mark.parametrize(("sparse_k", "q_len"), [(0, 1), (0, 2), (24, 2)], ids=["dense", "spec2", "sparse"])
+def test_request_bits_alone_in_co_batch_at_any_slot_and_placement(sparse_k, q_len):
+    batch = _invariance_batch(sparse_k, q_len)
+    others = component.build(
+        case_of(R=4, Q=q_len, Hq=4, Hkv=2, lengths="one_huge", longest=97, sparse_k=sparse_k).with_seed(11),
+        DEVICE,
+    )
+    full = run(fast, batch)
+    gen = torch.Generator().manual_seed(5)
+    for r in range(batch.num_rows):
+        alone_batch = component.take(batch, [r])
+        alone = run(fast, alone_batch)
+        assert_same_bits(alone, tuple(t[r : r + 1] for t in full), f"request {r}: alone vs slot {r}")
+        # co-batch: before and after other requests (another slot, other pools before its pages)
+        for slot, parts in ((0, [alone_batch, others]), (others.num_rows, [others, alone_batch])):
+            mixed = run(fast, component.concat(parts))
+            assert_same_bits(alone, tuple(t[slot : slot + 1] for t in mixed), f"request {r} at slot {slot}")
+        moved = run(fast, component.relocate(alone_batch, gen))
+        assert_same_bits(alone, moved, f"request {r}: other pages")
+    assert_same_bits(full, run(fast, component.relocate(batch, gen)), "batch: other pages")
+    assert_same_bits(full, run(fast, batch), "repeat")
+
+
+def test_relocate_moves_pages_and_keeps_logical_kv():
+    batch = _invariance_batch(0, 1)
+    moved = component.relocate(batch, torch.Generator().manual_seed(1))
+    assert not torch.equal(moved.rows["block_table"], batch.rows["block_table"])
+    ref = reference(**batch.kwargs())
+    ref_moved = reference(**moved.kwargs())
+    assert torch.equal(ref[0], ref_moved[0]) and torch.equal(ref[1], ref_moved[1])
+
+
+def test_unreferenced_memory_is_nan():
+    batch = component.build(case_of(R=3, lengths="edges"), DEVICE)
+    table, lens = batch.rows["block_table"].long().cpu(), batch.rows["seq_lens"].cpu()
+    k = batch.shared["k_cache"].cpu()
+    owned = torch.zeros(k.shape[:2], dtype=torch.bool)
+    for r in range(3):
+        length = int(lens[r])
+        for p in range(length):
+            owned[table[r, p // 16], p % 16] = True
+    assert k[~owned].isnan().all() and not k[owned].isnan().any()
+
+
+# --- baselines ------------------------------------------------------------------------------------
+
+
+@pytest.mark.cpu
+def test_batch_planned_baseline_changes_a_requests_bits():
+    """Negative control by hand: a long request's splits follow the batch size, so its bits do."""
+    # alone: 132 pretend SMs / 1 -> 16-slot splits (25 of them); among 33: 4 splits of 112 slots
+    long_case = case_of(R=1, Q=2, Hq=8, Hkv=1, lengths="equal", longest=400)
+    batch = component.build(long_case, DEVICE)
+    others = component.build(
+        case_of(R=32, Q=2, Hq=8, Hkv=1, lengths="mixed", longest=97).with_seed(3), DEVICE
+    )
+    alone = run(batch_planned_splits, batch)
+    mixed = run(batch_planned_splits, component.concat([batch, others]))
+    differ = any(
+        not torch.equal(a.float().view(torch.int32), m[:1].float().view(torch.int32))
+        for a, m in zip(alone, mixed, strict=True)
+    )
+    assert differ, "the batch-planned baseline gave the same bits alone and in a batch of 33"
+    # ... and it is still attention: within the bound computed for its own split
+    assert_agrees_loosely(batch, alone)
+
+
+def assert_agrees_loosely(batch: Batch, out: tuple[torch.Tensor, torch.Tensor]) -> None:
+    ref_o, ref_lse = reference(**batch.kwargs())
+    assert torch.allclose(out[0].double(), ref_o, atol=2e-2, rtol=2e-2)
+    finite = torch.isfinite(ref_lse)
+    assert torch.allclose(out[1].double()[finite], ref_lse[finite], atol=1e-3)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("sparse_k", [0, 24], ids=["dense", "sparse"])
+def test_sdpa_padded_baseline_computes_attention(sparse_k):
+    batch = component.build(case_of(R=3, Q=2, lengths="mixed", longest=40, sparse_k=sparse_k), DEVICE)
+    o, lse = run(sdpa_padded, batch)
+    assert o.dtype == batch.rows["q"].dtype and lse.dtype == torch.float32
+    assert not o.isnan().any() and not lse.isnan().any()
+    assert_agrees_loosely(batch, (o, lse))
+
+
+# --- typed errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("error_case", component.error_cases(DEVICE), ids=lambda e: e.name)
+@pytest.mark.parametrize("subject", ["fast", "reference"])
+def test_error_inputs(error_case, subject):
+    fn = {"fast": fast, "reference": reference}[subject]
+    with pytest.raises(error_case.error, match=error_case.match):
+        fn(**error_case.kwargs)
+
+
+def test_fast_refuses_a_head_dim_outside_the_table():
+    batch = component.build(case_of(R=1, D=16), DEVICE)
+    kw = batch.kwargs()
+    kw["q"] = kw["q"][..., :8].contiguous()
+    kw["k_cache"], kw["v_cache"] = kw["k_cache"][..., :8], kw["v_cache"][..., :8]
+    from batchinv.reference.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="head dim"):
+        fast(**kw)
+
+
+# --- top-k -> sparse decode attention ---------------------------------------------------------------
+
+
+@any_lane
+def test_topk_then_sparse_attention_end_to_end():
+    """Indexer scores -> the pinned top-k (k = 512) -> sparse decode attention, against the reference."""
+    r_count, q_len, k = 3, 2, 512
+    batch = component.build(
+        case_of(R=r_count, Q=q_len, Hq=4, Hkv=1, lengths="mixed", longest=700).with_seed(2), DEVICE
+    )
+    lens = batch.rows["seq_lens"].long()
+    gen = torch.Generator().manual_seed(9)
+    num_cols = 704
+    scores = torch.randn(r_count * q_len, num_cols, generator=gen).to(DEVICE)
+    # token i of request r sees positions < L - Q + i + 1 (causal), row-local = absolute here
+    ends = (lens[:, None] - q_len + torch.arange(q_len, device=DEVICE)[None, :] + 1).reshape(-1)
+    starts = torch.zeros_like(ends)
+    indices = topk(scores, starts.to(torch.int32), ends.to(torch.int32), k).reshape(r_count, q_len, k)
+    assert ((indices >= -1) & (indices < lens[:, None, None])).all()
+    sparse = Batch({**batch.rows, "indices": indices}, batch.shared)
+    assert_agrees(sparse, run(fast, sparse))
+
+
+def _split_partials_fp32(q, k, v, scale, split, weights_dtype=torch.float32):
+    """fp32 partial (o_s, lse_s) of one token's heads over splits of ``split`` positions, the
+    weights rounded to ``weights_dtype`` before the sum with v (bf16: the usual flash shortcut).
+    q (Hq, D), k/v (N, Hq, D) -> o_s (n_s, Hq, D), lse_s (n_s, Hq)."""
+    outs, lses = [], []
+    for start in range(0, k.shape[0], split):
+        s = torch.einsum("hd,nhd->hn", q.float(), k[start : start + split].float()) * scale  # [Hq, n]
+        lse = torch.logsumexp(s, dim=-1)  # [Hq]
+        p = (s - lse[:, None]).exp().to(weights_dtype).float()
+        outs.append(torch.einsum("hn,nhd->hd", p, v[start : start + split].float()))
+        lses.append(lse)
+    return torch.stack(outs), torch.stack(lses)
+
+
+def _merge_fp32(o_s, lse_s, order):
+    m = lse_s.max(dim=0).values  # [Hq]
+    acc = torch.zeros_like(o_s[0])
+    total = torch.zeros_like(m)
+    for s in order:
+        w = (lse_s[s] - m).exp()
+        acc = acc + w[:, None] * o_s[s]
+        total = total + w
+    return acc / total[:, None], m + total.log()
+
+
+def test_merging_splits_in_another_order_stays_within_the_bound():
+    """Why the bound cannot catch a reordered merge (that takes a bitwise, order-aware check):
+    an fp32 split-KV computation merged ascending and descending both sit inside it."""
+    batch = component.build(case_of(R=2, Q=1, Hq=4, Hkv=4, lengths="equal", longest=97), torch.device("cpu"))
+    kw = batch.kwargs()
+    ref = reference(**kw)
+    config = decode_attention_config("interp", 16, torch.bfloat16)
+    bound_o, bound_lse = attention_bound(
+        **kw, reference=ref, split_tokens=config.split_tokens, block_n=config.block_n
+    )
+    differs = False
+    for r in range(2):
+        length = int(kw["seq_lens"][r])
+        pages = kw["block_table"][r, : -(-length // 16)].long()
+        k = kw["k_cache"][pages].reshape(-1, 4, 16)[:length]
+        v = kw["v_cache"][pages].reshape(-1, 4, 16)[:length]
+        o_s, lse_s = _split_partials_fp32(kw["q"][r, 0], k, v, kw["scale"], config.split_tokens)
+        results = []
+        for order in (range(len(o_s)), reversed(range(len(o_s)))):
+            o, lse = _merge_fp32(o_s, lse_s, list(order))
+            assert bool(((o.bfloat16().double() - ref[0][r, 0]).abs() <= bound_o[r, 0]).all())
+            assert bool(((lse.double() - ref[1][r, 0]).abs() <= bound_lse[r, 0]).all())
+            results.append((o, lse))
+        differs |= not torch.equal(results[0][0], results[1][0]) or not torch.equal(
+            results[0][1], results[1][1]
+        )
+    assert differs, "the two merge orders gave the same fp32 bits: pick other inputs"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_bf16_rounded_weights_exceed_the_bound(dtype):
+    """The bound's teeth against a precision downgrade: rounding the softmax weights to bf16
+    before the sum with v (tl.dot(p.to(bf16), v)) lands far outside it (measured ~16x)."""
+    batch = component.build(
+        case_of(R=3, Q=1, Hq=4, Hkv=4, lengths="equal", longest=97, dtype=dtype), torch.device("cpu")
+    )
+    kw = batch.kwargs()
+    ref = reference(**kw)
+    config = decode_attention_config("interp", 16, kw["q"].dtype)
+    bound_o, _ = attention_bound(
+        **kw, reference=ref, split_tokens=config.split_tokens, block_n=config.block_n
+    )
+    worst = {torch.float32: 0.0, torch.bfloat16: 0.0}
+    for r in range(3):
+        length = int(kw["seq_lens"][r])
+        pages = kw["block_table"][r, : -(-length // 16)].long()
+        k = kw["k_cache"][pages].reshape(-1, 4, 16)[:length]
+        v = kw["v_cache"][pages].reshape(-1, 4, 16)[:length]
+        for weights_dtype in worst:
+            o_s, lse_s = _split_partials_fp32(
+                kw["q"][r, 0], k, v, kw["scale"], config.split_tokens, weights_dtype
+            )
+            o, _ = _merge_fp32(o_s, lse_s, range(len(o_s)))
+            ratio = (o.to(kw["q"].dtype).double() - ref[0][r, 0]).abs() / bound_o[r, 0]
+            worst[weights_dtype] = max(worst[weights_dtype], float(ratio.max()))
+    assert worst[torch.float32] <= 1.0
+    assert worst[torch.bfloat16] > 2.0
