@@ -34,7 +34,6 @@ from batchinv.harness.compare import (
 from batchinv.harness.lanes import Lane, lane_device
 from batchinv.harness.registry import (
     CHECKS,
-    CO_BATCH_SIZES,
     INVARIANCE_CHECKS,
     REQUEST_CHECKS,
     ROW_CHECKS,
@@ -47,6 +46,7 @@ from batchinv.harness.registry import (
     Outputs,
     Toleranced,
     as_outputs,
+    co_batch_sizes,
     m_sweep,
 )
 from batchinv.reference.exact import round_once
@@ -272,7 +272,7 @@ def _request_check(
 ) -> invariance.DriverResult:
     """co_batch, slot or placement of a request-level component.  The other requests are the
     same case built with another seed (as the position check's neighbours); co_batch cycles
-    through them to reach each co-batch size of :data:`CO_BATCH_SIZES` (``--max-m`` cuts the
+    through them to reach each co-batch size of :func:`co_batch_sizes` (``--max-m`` cuts the
     sizes whose launch, the target and its co-batch, would pass it)."""
     model = component.requests
     assert model is not None  # the caller dispatches request checks of request-level components only
@@ -281,8 +281,9 @@ def _request_check(
     others = built(component, case.with_seed(case.seed + 7919), device)
     if check == "slot":
         return invariance.slot(call, batch, others, model, generator)
-    sizes = tuple(k for k in CO_BATCH_SIZES if m_limit is None or k + 1 <= m_limit)
-    result.m_cut = len(sizes) < len(CO_BATCH_SIZES) and others.num_rows > 0
+    lane_sizes = co_batch_sizes(Lane.CPU if device.type == "cpu" else Lane.SM90)
+    sizes = tuple(k for k in lane_sizes if m_limit is None or k + 1 <= m_limit)
+    result.m_cut = len(sizes) < len(lane_sizes) and others.num_rows > 0
     return invariance.co_batch(call, batch, others, model, sizes, generator)
 
 

@@ -42,6 +42,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "softmax",
     "log_softmax",
     "mean",
+    "decode_attention",
 )
 
 #: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.
@@ -232,6 +233,13 @@ CHECKS: tuple[str, ...] = ("agreement", *INVARIANCE_CHECKS)
 
 #: Co-batch sizes (other requests sharing the launch) of the co_batch check; ``--max-m`` cuts them.
 CO_BATCH_SIZES: tuple[int, ...] = (1, 2, 7, 31, 255)
+#: The cpu lane stops at 7 other requests: the interpreter runs a 256-request launch for minutes.
+CO_BATCH_SIZES_CPU: tuple[int, ...] = (1, 2, 7)
+
+
+def co_batch_sizes(lane: Lane) -> tuple[int, ...]:
+    """How many other requests the co_batch check puts beside the target on ``lane``."""
+    return CO_BATCH_SIZES if lane.is_gpu else CO_BATCH_SIZES_CPU
 
 
 @dataclass(frozen=True)

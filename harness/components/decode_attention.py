@@ -1,8 +1,9 @@
 """Request-level pieces of the ``decode_attention`` component: cases, the case builder, error
 inputs, and the three request-model functions (:func:`take`, :func:`concat`, :func:`relocate`).
 
-Not registered yet (the registry's request model lands separately); everything here is a plain
-module-level function the registry entry will name.
+The registry entry, :data:`COMPONENT`, is at the end: a request-level component (its
+``RequestModel`` is take / concat / relocate below), checked for agreement, co_batch, slot,
+placement and repeat.
 
 A :class:`Batch` of this component holds, per request (``rows``, dim 0 = requests): ``q``
 (R, Q, Hq, D), ``seq_lens`` (R,), ``block_table`` (R, T) and, in sparse cases, ``indices``
@@ -20,8 +21,11 @@ from typing import Any
 
 import torch
 
+from batchinv.fast import decode_attention as fast_attention
+from batchinv.fast import decode_attention_baselines as baselines
 from batchinv.harness.lanes import Lane
-from batchinv.harness.registry import Batch, Case, ErrorCase
+from batchinv.harness.registry import Baseline, Batch, Case, Component, ErrorCase, RequestModel, Toleranced
+from batchinv.reference import decode_attention as ref_attention
 from batchinv.reference.errors import ArgumentError, DeviceError, DTypeError
 
 NAME = "decode_attention"
@@ -374,3 +378,60 @@ def error_cases(device: torch.device) -> list[ErrorCase]:
     else:
         out.append(ErrorCase("kv_on_cpu", bad(k_cache=k.cpu(), v_cache=v.cpu()), DeviceError, "'k_cache'"))
     return out
+
+
+def bound(batch: Batch, reference: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The derived bound of :func:`batchinv.reference.decode_attention.attention_bound` for the
+    fast kernel's split and chunk sizes on this device (its config table's entry)."""
+    from batchinv.fast.decode_attention import decode_attention_config
+    from batchinv.fast.device import arch
+
+    q = batch.rows["q"]
+    config = decode_attention_config(arch(q.device), q.shape[-1], q.dtype)
+    kwargs = batch.kwargs()
+    return ref_attention.attention_bound(
+        **kwargs,
+        reference=(reference[0], reference[1]),
+        split_tokens=config.split_tokens,
+        block_n=config.block_n,
+    )
+
+
+def out_dtypes(batch: Batch) -> tuple[torch.dtype, ...]:
+    """``o`` in q's dtype, ``lse`` in fp32."""
+    return (batch.rows["q"].dtype, torch.float32)
+
+
+COMPONENT = Component(
+    name=NAME,
+    summary="split-KV decode attention over a paged KV cache (dense, speculative q_len, sparse indices)",
+    reference=ref_attention.decode_attention,
+    fast=fast_attention.decode_attention,
+    baselines=(
+        Baseline(
+            "batch_planned_splits",
+            baselines.batch_planned_splits,
+            "the flash-decoding heuristic: the number of KV splits fills the SMs given R x Hkv, so a "
+            "request's split boundaries and merge order change with the other requests",
+        ),
+        Baseline(
+            "sdpa_padded",
+            baselines.sdpa_padded,
+            "torch scaled_dot_product_attention on the padded batch (backend and tiling chosen per "
+            "launch shape); reported, not required to vary",
+            expected_to_vary_on=frozenset(),
+        ),
+    ),
+    cases=cases,
+    build=build,
+    agreement=Toleranced(
+        bound,
+        "softmax of fp32 scores and an fp32 split merge cannot equal the fp64 reference; the bound "
+        "(reference.decode_attention.attention_bound) is derived from D, the split and chunk "
+        "counts, exp/log accuracy and one rounding to the output dtype",
+        out_dtypes=out_dtypes,
+    ),
+    dtypes=(torch.bfloat16, torch.float16),
+    error_cases=error_cases,
+    requests=RequestModel(take=take, concat=concat, relocate=relocate),
+)
