@@ -25,6 +25,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from toy_component import ROWS
+from toy_component import crashes as _crashes
+from toy_component import m_dependent as _m_dependent
+from toy_component import scale as _scale
+from toy_component import toy as _toy
 
 from batchinv.harness import build_cache
 from batchinv.harness.checks import BaselineCrashed, negative_control, repro_command
@@ -35,25 +40,6 @@ from batchinv.harness.plugin import current_lane
 from batchinv.harness.registry import Baseline, Batch, Case, Component, get
 from batchinv.harness.report import JsonlReport, read_report
 from batchinv.harness.sweep import run_sweep
-
-ROWS = 40
-
-
-def _build(case: Case, device) -> Batch:
-    g = torch.Generator().manual_seed(case.seed)
-    return Batch({"x": torch.randn(case.axes["rows"], case.axes["cols"], generator=g).to(device)})
-
-
-def _scale(x):
-    return x * 2.0
-
-
-def _crashes(x):
-    raise RuntimeError("planted crash")
-
-
-def _m_dependent(x):
-    return x * 2.0 + (0.0 if x.shape[0] >= 17 else 2.0**-10)
 
 
 def _varies_only_between_17_and_39_rows(x):
@@ -67,18 +53,6 @@ def _nan_row_below_17(x):
     if x.shape[0] < 17:
         out[0] = float("nan")
     return out
-
-
-def _toy(fast=_scale, baselines=()):
-    return Component(
-        name="toy",
-        summary="doubles each row",
-        reference=_scale,
-        fast=fast,
-        baselines=tuple(baselines),
-        cases=lambda lane: [Case("toy", {"rows": ROWS, "cols": 8}, seed=s) for s in (0, 1)],
-        build=_build,
-    )
 
 
 # --- item 1: a negative control passes only by finding variance ------------------------------

@@ -9,42 +9,16 @@ import sys
 
 import pytest
 import torch
+from toy_component import crashes as _crashes
+from toy_component import m_dependent as _m_dependent
+from toy_component import scale as _scale
+from toy_component import toy as _toy
 
 from batchinv.harness.checks import run_check
 from batchinv.harness.lanes import Lane
-from batchinv.harness.registry import Baseline, Batch, Case, Component, ErrorCase
+from batchinv.harness.registry import Baseline, Case
 from batchinv.harness.report import JsonlReport, read_report
 from batchinv.harness.sweep import run_sweep
-
-
-def _build(case: Case, device) -> Batch:
-    g = torch.Generator().manual_seed(case.seed)
-    return Batch({"x": torch.randn(case.axes["rows"], case.axes["cols"], generator=g).to(device)})
-
-
-def _scale(x):
-    return x * 2.0
-
-
-def _m_dependent(x):
-    return x * 2.0 + (0.0 if x.shape[0] >= 17 else 2.0**-10)
-
-
-def _crashes(x):
-    raise RuntimeError("planted crash")
-
-
-def _toy(fast=_scale, baselines=()):
-    return Component(
-        name="toy",
-        summary="doubles each row",
-        reference=_scale,
-        fast=fast,
-        baselines=tuple(baselines),
-        cases=lambda lane: [Case("toy", {"rows": 40, "cols": 8}, seed=s) for s in (0, 1)],
-        build=_build,
-        error_cases=lambda device: [ErrorCase("none", {}, TypeError, "x")],
-    )
 
 
 def test_invariant_component_passes_and_controls_get_verdicts():
