@@ -44,11 +44,20 @@ class DecodeAttentionConfig:
             and so the merge tree -- it alone (with ``block_n``) fixes a token's reduction order.
         block_n: slots per chunk of a split's online softmax (a power of two, >= 16 for tl.dot).
         num_warps: warps per program.
+        tensor_cores: scores as 16-bit tensor-core dots and the weighted values as 3xTF32 dots
+            (GPUs); False: fp32 IEEE dots (the interpreter).  Either way the products of the
+            scores are exact and every sum is fp32; only the order inside a dot differs.
+        weight_pair: on tensor cores, the weights times values as two 16-bit dots of a head and
+            tail of p (instead of 3xTF32); the bound counts either.
+        num_stages: software-pipelining stages of the split kernel's chunk loop.
     """
 
     split_tokens: int
     block_n: int
     num_warps: int
+    tensor_cores: bool = True
+    weight_pair: bool = False
+    num_stages: int = 2
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -60,16 +69,22 @@ class DecodeAttentionConfig:
 def _table() -> dict[tuple[str, int, torch.dtype], DecodeAttentionConfig]:
     table: dict[tuple[str, int, torch.dtype], DecodeAttentionConfig] = {}
     for dtype in (torch.bfloat16, torch.float16):
-        # GPUs: 256-slot splits, 64-slot chunks (32 at D = 256 to bound registers).  Untuned.
+        # GPUs: 256-slot splits of 64-slot chunks (32 at D = 256, to bound registers), 4 warps,
+        # 3 stages, weights as a 16-bit pair: chosen on the H200 with ci/tune_decode_attention.py
+        # (docs/BENCHMARKS.md): 80-82% of the KV-bytes floor at R >= 64, 11 us at R = 1, 1k.
         for head_dim in (64, 128, 256):
             table[("gpu", head_dim, dtype)] = DecodeAttentionConfig(
-                split_tokens=256, block_n=64 if head_dim <= 128 else 32, num_warps=4
+                split_tokens=256,
+                block_n=64 if head_dim <= 128 else 32,
+                num_warps=4,
+                weight_pair=True,
+                num_stages=3 if head_dim <= 128 else 2,
             )
         # The interpreter pays per operation: 32-slot splits of two 16-slot chunks, so tiny
         # contexts already merge several splits and end in masked tails.
         for head_dim in (16, 32, 64, 128, 256):
             table[("interp", head_dim, dtype)] = DecodeAttentionConfig(
-                split_tokens=32, block_n=16, num_warps=1
+                split_tokens=32, block_n=16, num_warps=1, tensor_cores=False
             )
     return table
 
@@ -165,7 +180,10 @@ def launch(
             BLOCK_G=block_g,
             BLOCK_N=config.block_n,
             HAS_INDICES=has_indices,
+            TENSOR_CORES=config.tensor_cores,
+            WEIGHT_PAIR=config.weight_pair,
             num_warps=config.num_warps,
+            num_stages=config.num_stages,
         )
         decode_attention_merge_kernel[(rows,)](
             ws_o,

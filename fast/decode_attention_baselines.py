@@ -1,8 +1,9 @@
 """Unpinned decode-attention baselines (negative controls) beside the pinned kernel.
 
 * :func:`batch_planned_splits`: the same split-KV kernel, with the number of splits planned from
-  the batch as flash-decoding does -- enough programs to fill the SMs given ``R * Hkv`` -- so a
-  request's split boundaries, and with them its merge tree, move with its neighbours.
+  the batch as flash-decoding does -- enough programs to fill the SMs given ``R * Hkv`` and the
+  batch's longest context -- so a request's split boundaries, and with them its merge tree, move
+  with its neighbours.
 * :func:`sdpa_padded`: ``torch.nn.functional.scaled_dot_product_attention`` on the padded batch
   (each request's KV gathered and padded to the longest context with a mask): the kernel and its
   reduction order are picked by torch from the padded shape, i.e. from the batch.
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -33,7 +35,7 @@ def planned_config(
     splits = max(1, -(-num_sms // max(1, num_requests * num_kv_heads)))
     per_split = max(1, -(-max(1, longest) // splits))
     split_tokens = -(-per_split // base.block_n) * base.block_n
-    return DecodeAttentionConfig(split_tokens=split_tokens, block_n=base.block_n, num_warps=base.num_warps)
+    return dataclasses.replace(base, split_tokens=split_tokens)
 
 
 def batch_planned_splits(
@@ -45,8 +47,10 @@ def batch_planned_splits(
     scale: float,
     indices: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pinned kernel with its split planned from the batch (:func:`planned_config`): reads the
-    longest length (a host sync) and the SM count (:data:`PRETEND_SM_COUNT` on the cpu lane)."""
+    """The pinned kernel with its split planned from the batch (:func:`planned_config`) as a
+    graph-capturable planner does: from shapes alone -- R, Hkv, the SM count
+    (:data:`PRETEND_SM_COUNT` on the cpu lane) and the longest context the block table can hold
+    (``T * page_size``, the batch's widest table; or the index slots K) -- with no host sync."""
     shape = check_decode_attention_arguments(q, k_cache, v_cache, block_table, seq_lens, scale, indices)
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_launch_device(name, t)
@@ -54,7 +58,7 @@ def batch_planned_splits(
     if indices is not None:
         longest = shape.index_slots or 1
     else:
-        longest = int(seq_lens.max()) if shape.num_requests else 1
+        longest = shape.max_pages * shape.page_size
     num_sms = PRETEND_SM_COUNT if interpreting() else sm_count(q.device)
     config = planned_config(base, shape.num_requests, shape.num_kv_heads, longest, num_sms)
     return launch(q, k_cache, v_cache, block_table, seq_lens, scale, indices, shape, config)
@@ -90,16 +94,17 @@ def sdpa_padded(
     slot = pos % shape.page_size
     k = k_cache[page, slot]  # [R, Q, W, Hkv, D]
     v = v_cache[page, slot]  # [R, Q, W, Hkv, D]
-    k = torch.where(mask[..., None, None], k, 0).repeat_interleave(group, dim=3)  # [R, Q, W, Hq, D]
-    v = torch.where(mask[..., None, None], v, 0).repeat_interleave(group, dim=3)
-    # one query row per (r, i): batch (R, Q), heads Hq, 1 query, W keys
-    qh = q.reshape(r_count, q_len, hq, 1, d)  # [R, Q, Hq, 1, D]
-    kh = k.permute(0, 1, 3, 2, 4)  # [R, Q, Hq, W, D]
-    vh = v.permute(0, 1, 3, 2, 4)
-    attn_mask = mask[:, :, None, None, :]  # [R, Q, 1, 1, W]
-    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask, scale=s)  # [R, Q, Hq, 1, D]
+    k = torch.where(mask[..., None, None], k, 0)  # [R, Q, W, Hkv, D]
+    v = torch.where(mask[..., None, None], v, 0)
+    # one query row per (r, i): batch R * Q, Hq query heads over Hkv kv heads (GQA), W keys
+    qh = q.reshape(r_count * q_len, hq, 1, d)
+    kh = k.reshape(r_count * q_len, width, shape.num_kv_heads, d).transpose(1, 2)  # [RQ, Hkv, W, D]
+    vh = v.reshape(r_count * q_len, width, shape.num_kv_heads, d).transpose(1, 2)
+    attn_mask = mask.reshape(r_count * q_len, 1, 1, width)
+    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask, scale=s, enable_gqa=True)
     o = o.reshape(r_count, q_len, hq, d)
-    scores = (qh.float() @ kh.float().transpose(-1, -2)) * s  # [R, Q, Hq, 1, W]
+    qg = q.reshape(r_count * q_len, shape.num_kv_heads, group, d).float()
+    scores = (qg @ kh.float().transpose(-1, -2)) * s  # [RQ, Hkv, group, W]
     scores = scores.masked_fill(~attn_mask, -math.inf)
     lse = torch.logsumexp(scores, dim=-1).reshape(r_count, q_len, hq)
     empty = ~mask.any(dim=-1)  # [R, Q]

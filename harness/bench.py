@@ -24,6 +24,9 @@ from typing import Any
 from batchinv.harness.lanes import Lane
 
 INNER = 10
+#: The copy bandwidth the floors are computed with (bytes read + written per second): the H200's
+#: measured device-to-device copy rate (docs/BENCHMARKS.md, "Ceilings used").
+COPY_BYTES_PER_S = 4.3e12
 
 
 @dataclass
@@ -34,6 +37,14 @@ class BenchPoint:
     microseconds: float
     mode: str  # "graph" or "eager"
     ratio_to_fast: float | None = None
+    floor_microseconds: float | None = None  # the component's bench_bytes over COPY_BYTES_PER_S
+
+    @property
+    def share_of_floor(self) -> float | None:
+        """floor / time: 1.0 runs at the copy bandwidth (None: no floor)."""
+        if self.floor_microseconds is None or self.microseconds <= 0:
+            return None
+        return self.floor_microseconds / self.microseconds
 
 
 def time_call(fn: Callable[[], Any], reps: int) -> tuple[float, str]:
@@ -86,8 +97,16 @@ def bench_component(component: Any, lane: Lane, reps: int) -> list[BenchPoint]:
     points: list[BenchPoint] = []
     device = torch.device("cuda")
     for case in component.bench_cases(lane):
-        batch = component.build(case, device)
+        try:
+            batch = component.build(case, device)
+        except torch.OutOfMemoryError as exc:
+            print(f"bench {component.name} [{case.id}]: operands do not fit: {str(exc).splitlines()[0]}")
+            _release(torch)
+            continue
         kwargs = batch.kwargs()
+        floor = None
+        if component.bench_bytes is not None:
+            floor = component.bench_bytes(batch) / COPY_BYTES_PER_S * 1e6
         impls = [("fast", component.fast)] + [
             (b.name, b.fn) for b in component.baselines if lane in b.lanes and not b.is_pin_candidate
         ]
@@ -96,13 +115,43 @@ def bench_component(component: Any, lane: Lane, reps: int) -> list[BenchPoint]:
             try:
                 us, mode = time_call(functools.partial(fn, **kwargs), reps)
             except Exception as exc:  # report and go on
-                print(f"bench {component.name} {name} [{case.id}]: error {type(exc).__name__}: {exc}")
+                print(
+                    f"bench {component.name} {name} [{case.id}]: error {type(exc).__name__}: {str(exc).splitlines()[0]}"
+                )
+                del exc
+                _release(torch)
                 continue
             if name == "fast":
                 fast_us = us
             ratio = None if fast_us is None or name == "fast" else fast_us / us
-            points.append(BenchPoint(component.name, case.id, name, us, mode, ratio))
+            point = BenchPoint(component.name, case.id, name, us, mode, ratio, floor)
+            points.append(point)
+            print(_point_line(point), flush=True)  # as it goes: a later crash keeps what was timed
+        del batch, kwargs
+        _release(torch)  # the next case's operands may need the room (GBs of KV cache)
     return points
+
+
+def _release(torch: Any) -> None:
+    """Give cached and failed-capture memory back before the next point."""
+    import gc
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def _point_line(p: BenchPoint) -> str:
+    ratio = "-" if p.ratio_to_fast is None else f"{p.ratio_to_fast:.2f}x"
+    floor, share = _floor_cells(p)
+    return f"bench {p.component} {p.implementation} [{p.case}]: {p.microseconds:.1f} us ({p.mode}), fast/this {ratio}, floor {floor} us, {share} of floor"
+
+
+def _floor_cells(p: BenchPoint) -> tuple[str, str]:
+    if p.floor_microseconds is None:
+        return "-", "-"
+    share = p.share_of_floor
+    return f"{p.floor_microseconds:.1f}", "-" if share is None else f"{100 * share:.0f}%"
 
 
 def main(lane: Lane, names: Sequence[str], out: Path | None, reps: int) -> int:
@@ -124,11 +173,22 @@ def main(lane: Lane, names: Sequence[str], out: Path | None, reps: int) -> int:
     for comp in components(list(names) or None):
         points += bench_component(comp, lane, reps)
     table = Table(title=f"batchinv bench — {env['device']} — torch {env['torch']}, triton {env['triton']}")
-    for col in ("component", "case", "implementation", "us/call", "fast/baseline", "mode"):
+    for col in (
+        "component",
+        "case",
+        "implementation",
+        "us/call",
+        "fast/baseline",
+        "floor us",
+        "of floor",
+        "mode",
+    ):
         table.add_column(col)
     for p in points:
         ratio = "-" if p.ratio_to_fast is None else f"{p.ratio_to_fast:.2f}x"
-        table.add_row(p.component, p.case, p.implementation, f"{p.microseconds:.1f}", ratio, p.mode)
+        table.add_row(
+            p.component, p.case, p.implementation, f"{p.microseconds:.1f}", ratio, *_floor_cells(p), p.mode
+        )
     console.print(table)
     console.print(
         "operands are not rotated between replays: cases that fit in L2 are timed warm for all alike."
@@ -143,13 +203,17 @@ def main(lane: Lane, names: Sequence[str], out: Path | None, reps: int) -> int:
             f"Bench {env['date']} on {env['device']} (torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}); "
             f"CUDA graph of {INNER} calls, median of {reps} replays.",
             "",
-            "| component | case | implementation | us/call | fast/baseline | mode |",
-            "|---|---|---|---|---|---|",
+            f"Floor: bytes moved / {COPY_BYTES_PER_S / 1e12:.1f} TB/s where the component gives them; "
+            "'of floor' = floor / time.",
+            "",
+            "| component | case | implementation | us/call | fast/baseline | floor us | of floor | mode |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for p in points:
             ratio = "-" if p.ratio_to_fast is None else f"{p.ratio_to_fast:.2f}x"
             lines.append(
-                f"| {p.component} | {p.case} | {p.implementation} | {p.microseconds:.1f} | {ratio} | {p.mode} |"
+                f"| {p.component} | {p.case} | {p.implementation} | {p.microseconds:.1f} | {ratio} | "
+                f"{' | '.join(_floor_cells(p))} | {p.mode} |"
             )
         out.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return 0

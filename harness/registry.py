@@ -288,6 +288,9 @@ class Component:
         strategy: ``strategy(lane, device)`` -> a hypothesis strategy of :class:`Batch` for property
             tests, or None.
         bench_cases: ``bench_cases(lane)`` -> cases for ``batchinv bench``.
+        bench_bytes: ``bench_bytes(batch)`` -> the fewest bytes a call on ``batch`` must move
+            (inputs read once, outputs written once): ``batchinv bench`` reports the floor, these
+            bytes over the copy bandwidth, and the fast kernel's share of it.  None: no floor.
         reference_device: where the reference runs ("same" as the inputs, or "cpu" to force CPU).
         fast_path: ``fast_path(batch)`` -> True when ``fast`` runs its own kernel on ``batch``,
             False when it dispatches to the reference (outside the kernel's envelope).  None: the
@@ -318,6 +321,7 @@ class Component:
     partition_arg: str | None = None
     strategy: Callable[[Lane, torch.device], Any] | None = None
     bench_cases: Callable[[Lane], Sequence[Case]] = lambda lane: ()
+    bench_bytes: Callable[[Batch], int] | None = None
     fast_path: Callable[[Batch], bool] | None = None
     oracle: Callable[..., Any] | None = None
     requests: RequestModel | None = None

@@ -313,6 +313,13 @@ K_LOG = 4.0
 K_DIV = 4.0
 #: fp32 dot accumulation on tensor cores may truncate instead of rounding: one ulp (2 u) per add.
 K_DOT = 2.0
+#: The weights times values on tensor cores: p enters either as a 16-bit head + tail pair (two
+#: 16-bit dots; relative error <= 2 u_16**2: 2**-18 in bf16, 2**-22 in fp16) or through a 3xTF32
+#: dot (<= 2**-21).  Counted per weight relative to it, with a factor 2 of margin:
+W_REL: dict[torch.dtype, float] = {torch.bfloat16: 2.0**-17, torch.float16: 2.0**-20}
+#: ... and, in fp16 only, absolutely: a head or tail below fp16's normal range is a subnormal, off
+#: by up to half of 2**-24 (counted as 2**-24) in units of its chunk's running-max scale.
+W_ABS: dict[torch.dtype, float] = {torch.bfloat16: 0.0, torch.float16: 2.0**-24}
 
 
 #: Explicit mantissa bits of the output dtypes.
@@ -356,13 +363,19 @@ def attention_bound(
       weight -- the score error enters the numerator and lse, and each of at most ``c + n_s + 3``
       exp factors (a term's exp, its chunk's rescales, the split weight) carries K_EXP u plus the
       rounding of its argument (x - m and x log2 e: 2 |x| u <= 2 G u) and of its product (u);
-    * ``eps_sum = K_DOT (block_n + c + n_s + 2) u + 2 K_DIV u``: the fp32 sums of the weights
-      and of the weighted values (a block_n dot, c chunk adds, n_s merge adds) relative to the
-      sums of their magnitudes, and the two divisions (o_s = acc / l, o = acc / l);
+    * ``eps_sum = K_DOT (block_n + c + n_s + 4) u + 2 K_DIV u``: the fp32 sums of the weights
+      and of the weighted values (a block_n dot, c chunk adds, n_s merge adds, the two adds of a
+      3xTF32 dot's partial products) relative to the sums of their magnitudes, and the two
+      divisions (o_s = acc / l, o = acc / l);
+    * ``W_REL``: the weights enter the weighted values through tensor-core dots that carry p
+      as a 16-bit head + tail pair or as 3xTF32 (16-bit values are exact either way), a
+      relative error of each weight (2**-17 in bf16, 2**-20 in fp16, with margin); in fp16 a
+      head or tail can be subnormal: an absolute ``W_ABS = 2**-24`` per position in units of
+      the running maximum, i.e. at most ``W_ABS exp(max_p s_p - lse) sum_p |v_p|`` on o;
     * ``A = sum_p P_p |v_p|`` per output element (the magnitude the sums cancel to o).
 
-    Then ``|o_fast - o| <= u_out |o| + (1 + u_out)(eps_w + eps_sum) A + u_sub``: the fp32 value
-    is within ``(eps_w + eps_sum) A`` of o and one rounding to the output dtype (``u_out`` half
+    Then ``|o_fast - o| <= u_out |o| + (1 + u_out)((eps_w + eps_sum + W_REL) A + W_ABS term) + u_sub``: the fp32 value
+    is within ``(eps_w + eps_sum + W_REL) A`` plus the W_ABS term of o and one rounding to the output dtype (``u_out`` half
     an ulp, ``u_sub`` half its smallest subnormal, 2**-126 for a GPU's flushed fp32) follows.
     And ``|lse_fast - lse| <= delta + eps_w + eps_sum + (K_LOG + 3) u (|lse| + 1)``.
 
@@ -405,9 +418,13 @@ def attention_bound(
             delta = K_DOT * (d + 1) * U32 * magnitude.amax(dim=-1)  # [Hq]
             spread = scores.amax(dim=-1) - scores.amin(dim=-1)  # [Hq]
             eps_w = 2 * delta + (c + n_splits + 3) * (K_EXP + 2 * spread + 2) * U32  # [Hq]
-            eps_sum = (K_DOT * (block_n + c + n_splits + 2) + 2 * K_DIV) * U32
+            eps_sum = (K_DOT * (block_n + c + n_splits + 4) + 2 * K_DIV) * U32
             weights = (scores - lse_ref[r, i][:, None]).exp()  # [Hq, N]
             a = torch.einsum("hn,nhd->hd", weights, vh.abs())  # [Hq, D]
-            bound_o[r, i] = u_out * o_ref[r, i].abs() + (1 + u_out) * (eps_w + eps_sum)[:, None] * a + u_sub
+            eps_o = eps_w + eps_sum + W_REL[q.dtype]  # the weights' 16-bit/TF32 cut enters o, not lse
+            # fp16 subnormal heads/tails: W_ABS per position, scaled by exp(s_max - lse) <= 1 / P_max
+            w_abs = W_ABS[q.dtype] * (scores.amax(dim=-1) - lse_ref[r, i]).exp()  # [Hq]
+            err = eps_o[:, None] * a + w_abs[:, None] * vh.abs().sum(dim=0)  # [Hq, D]
+            bound_o[r, i] = u_out * o_ref[r, i].abs() + (1 + u_out) * err + u_sub
             bound_lse[r, i] = delta + eps_w + eps_sum + (K_LOG + 3) * U32 * (lse_ref[r, i].abs() + 1)
     return bound_o, bound_lse

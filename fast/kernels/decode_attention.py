@@ -75,6 +75,8 @@ def decode_attention_split_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_INDICES: tl.constexpr,
+    TENSOR_CORES: tl.constexpr,
+    WEIGHT_PAIR: tl.constexpr,
 ):
     """Partial attention of one split: ws_o[row, s] = o_s (fp32), ws_lse[row, s] = lse_s (fp32,
     natural log) for ``row = (r * Q + i) * Hq + h``; a split with no attended slot writes
@@ -94,7 +96,6 @@ def decode_attention_split_kernel(
         d = tl.arange(0, HEAD_DIM)
         q_row = q_ptr + r.to(tl.int64) * stride_q_r + i.to(tl.int64) * stride_q_i
         q = tl.load(q_row + heads[:, None] * stride_q_h + d[None, :], mask=g_ok[:, None], other=0.0)
-        q = q.to(tl.float32)
         end = tl.minimum(start + split_tokens, n_slots)
         m = tl.full([BLOCK_G], NEG_INF, tl.float32)
         l_sum = tl.zeros([BLOCK_G], tl.float32)
@@ -121,16 +122,27 @@ def decode_attention_split_kernel(
                 + kv_head.to(tl.int64) * stride_v_h
             )
             v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=valid[:, None], other=0.0)
-            # fp32 operands, IEEE products (exact: 16-bit values) and fp32 accumulation: the same
-            # math on every lane (the interpreter's 16-bit tl.dot multiplies raw bits).
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scale  # [BLOCK_G, BLOCK_N]
+            # Scores: exact products of 16-bit values, fp32 accumulation -- on tensor cores, or
+            # as fp32 IEEE dots in the interpreter (whose 16-bit tl.dot multiplies raw bits).
+            if TENSOR_CORES:
+                s = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_G, BLOCK_N]
+            else:
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee") * scale
             s = tl.where(valid[None, :], s, NEG_INF)
             m_new = tl.maximum(m, tl.max(s, axis=1))
             alpha = tl.where(m_new == NEG_INF, 1.0, tl.exp(m - m_new))
             p = tl.where(valid[None, :], tl.exp(s - m_new[:, None]), 0.0)
             l_sum = l_sum * alpha + tl.sum(p, axis=1)
-            # fp32 weights times fp32 values: no 16-bit rounding of p, no TF32
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            # fp32 weights times values, never one 16-bit rounding of p: on tensor cores either
+            # p as a 16-bit head + tail pair (two 16-bit dots) or 3xTF32 (16-bit values are
+            # exact in TF32); in the interpreter an fp32 dot.
+            if TENSOR_CORES and WEIGHT_PAIR:
+                p_head = p.to(v.dtype)
+                p_tail = (p - p_head.to(tl.float32)).to(v.dtype)
+                pv = tl.dot(p_tail, v, tl.dot(p_head, v))
+            else:
+                pv = tl.dot(p, v.to(tl.float32), input_precision="tf32x3")
+            acc = acc * alpha[:, None] + pv
             m = m_new
         live = l_sum > 0
         lse = tl.where(live, m + tl.log(l_sum), NEG_INF)

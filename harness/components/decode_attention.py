@@ -15,6 +15,7 @@ page; table padding holds random page ids or -1.  Inputs come from the case's se
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -176,8 +177,11 @@ def _sparse_indices(lens: Sequence[int], q_len: int, k: int, seed: int, gen: tor
 
 
 def build(case: Case, device: torch.device) -> Batch:
-    """The batch of ``case``: a deterministic function of its axes and seed."""
+    """The batch of ``case``: a deterministic function of its axes and seed (bench cases, axis
+    ``fill="device"``: :func:`build_on_device`)."""
     a = case.axes
+    if a.get("fill") == "device":
+        return build_on_device(case, device)
     gen = torch.Generator().manual_seed(case.seed)
     dtype = DTYPES[a["dtype"]]
     r_count, q_len, hq, hkv, d, page_size = a["R"], a["Q"], a["Hq"], a["Hkv"], a["D"], a["page_size"]
@@ -210,6 +214,85 @@ def build(case: Case, device: torch.device) -> Batch:
         {name: t.to(device) for name, t in rows.items()},
         {"k_cache": k_cache.to(device), "v_cache": v_cache.to(device), "scale": 1.0 / math.sqrt(d)},
     )
+
+
+# --- bench -----------------------------------------------------------------------------------
+
+#: The issue's bench shape: bf16, Hq = 32, Hkv = 8, D = 128, page_size 16.
+BENCH_BATCHES: tuple[int, ...] = (1, 8, 64, 256)
+BENCH_CONTEXTS: tuple[int, ...] = (1024, 8192, 32768)
+
+
+def bench_cases(lane: Lane) -> list[Case]:
+    """``batchinv bench`` cases (GPU lanes): R in :data:`BENCH_BATCHES` x longest context in
+    :data:`BENCH_CONTEXTS`, every request at the longest (``equal``) or uniform in [1, longest]
+    (``mixed``); operands drawn on the device (``fill="device"``)."""
+    if not lane.is_gpu:
+        return []
+    return [
+        _case(
+            R=r,
+            Q=1,
+            Hq=32,
+            Hkv=8,
+            D=128,
+            page_size=16,
+            dtype="bfloat16",
+            lengths=lengths,
+            longest=ctx,
+            sparse_k=0,
+            fill="device",
+        )
+        for lengths in ("equal", "mixed")
+        for ctx in BENCH_CONTEXTS
+        for r in BENCH_BATCHES
+    ]
+
+
+def build_on_device(case: Case, device: torch.device) -> Batch:
+    """A bench batch drawn on ``device`` (GBs of KV cache: no CPU round trip): each request's
+    pages a random set of the pool, pages and q from a device generator; the one spare page and
+    the tails of last pages hold random values, not NaN (timing only: agreement is the sweep's)."""
+    a = case.axes
+    if a["sparse_k"]:
+        raise ValueError("fill='device': dense cases only")
+    gen = torch.Generator().manual_seed(case.seed)
+    dev_gen = torch.Generator(device=device).manual_seed(case.seed)
+    dtype = DTYPES[a["dtype"]]
+    r_count, q_len, hq, hkv, d, page_size = a["R"], a["Q"], a["Hq"], a["Hkv"], a["D"], a["page_size"]
+    lens = _lengths(a["lengths"], r_count, q_len, a["longest"], case.seed, gen)
+    need = _pages_needed(lens, page_size)
+    num_pages = sum(need) + 1
+    table = torch.full((r_count, max(need) + 1), -1, dtype=torch.int32)
+    perm = torch.randperm(num_pages, generator=gen).to(torch.int32)
+    starts = [0, *itertools.accumulate(need)]
+    for r in range(r_count):
+        table[r, : need[r]] = perm[starts[r] : starts[r + 1]]
+    pool = (num_pages, page_size, hkv, d)
+    return Batch(
+        {
+            "q": torch.randn(r_count, q_len, hq, d, generator=dev_gen, device=device, dtype=dtype),
+            "seq_lens": torch.tensor(lens, dtype=torch.int32, device=device),
+            "block_table": table.to(device),
+        },
+        {
+            "k_cache": torch.randn(pool, generator=dev_gen, device=device, dtype=dtype),
+            "v_cache": torch.randn(pool, generator=dev_gen, device=device, dtype=dtype),
+            "scale": 1.0 / math.sqrt(d),
+        },
+    )
+
+
+def bench_bytes(batch: Batch) -> int:
+    """The bytes a decode step must move: every attended K and V row once (dense: each token's
+    causal context), q read, o and lse written."""
+    q = batch.rows["q"]
+    r_count, q_len, hq, d = q.shape
+    hkv = batch.shared["k_cache"].shape[2]
+    item = batch.shared["k_cache"].element_size()
+    context = int(batch.rows["seq_lens"].to(torch.int64).sum())
+    kv = 2 * context * hkv * d * item
+    return kv + 2 * q.numel() * q.element_size() + 4 * r_count * q_len * hq
 
 
 # --- the request model -------------------------------------------------------------------------
@@ -433,5 +516,7 @@ COMPONENT = Component(
     ),
     dtypes=(torch.bfloat16, torch.float16),
     error_cases=error_cases,
+    bench_cases=bench_cases,
+    bench_bytes=bench_bytes,
     requests=RequestModel(take=take, concat=concat, relocate=relocate),
 )
