@@ -243,7 +243,7 @@ def _run(
     elif check == "repeat":
         driver = invariance.repeat(call, batch)
     elif check in REQUEST_CHECKS:
-        driver = _request_check(component, check, case, device, call, batch, generator, result, m_limit)
+        driver = _request_check(component, check, case, lane, device, call, batch, generator, result, m_limit)
     else:
         raise ValueError(f"check: expected one of {', '.join(CHECKS)}; got {check!r}")
     result.status = "pass" if driver.passed else "fail"
@@ -263,6 +263,7 @@ def _request_check(
     component: Component,
     check: str,
     case: Case,
+    lane: Lane,
     device: torch.device,
     call: Callable[[Batch], Outputs],
     batch: Batch,
@@ -270,20 +271,26 @@ def _request_check(
     result: CheckResult,
     m_limit: int | None,
 ) -> invariance.DriverResult:
-    """co_batch, slot or placement of a request-level component.  The other requests are the
-    same case built with another seed (as the position check's neighbours); co_batch cycles
-    through them to reach each co-batch size of :func:`co_batch_sizes` (``--max-m`` cuts the
+    """co_batch, slot or placement of a request-level component.  The other requests come from
+    the model's ``neighbours`` (one case per length mix; co_batch deals the mixes round-robin
+    over its (target, size) pairs, slot uses the first mix), or, without it, from the same case
+    built with another seed (as the position check's neighbours).  co_batch cycles through a
+    pool's requests to reach each co-batch size of :func:`co_batch_sizes` (``--max-m`` cuts the
     sizes whose launch, the target and its co-batch, would pass it)."""
     model = component.requests
     assert model is not None  # the caller dispatches request checks of request-level components only
     if check == "placement":
         return invariance.placement(call, batch, model, generator)
-    others = built(component, case.with_seed(case.seed + 7919), device)
+    if model.neighbours is None:
+        pools = {"": built(component, case.with_seed(case.seed + 7919), device)}
+    else:
+        pools = {mix: built(component, c, device) for mix, c in model.neighbours(case, lane).items()}
     if check == "slot":
-        return invariance.slot(call, batch, others, model, generator)
-    lane_sizes = co_batch_sizes(Lane.CPU if device.type == "cpu" else Lane.SM90)
+        return invariance.slot(call, batch, next(iter(pools.values())), model, generator)
+    lane_sizes = co_batch_sizes(lane)
     sizes = tuple(k for k in lane_sizes if m_limit is None or k + 1 <= m_limit)
-    result.m_cut = len(sizes) < len(lane_sizes) and others.num_rows > 0
+    result.m_cut = len(sizes) < len(lane_sizes) and any(p.num_rows > 0 for p in pools.values())
+    others: Batch | dict[str, Batch] = pools[""] if "" in pools else pools
     return invariance.co_batch(call, batch, others, model, sizes, generator)
 
 

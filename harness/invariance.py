@@ -11,7 +11,7 @@ requests; they compare a request's every output with the request's own outputs a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -267,7 +267,7 @@ def _cycled(num: int, count: int, generator: torch.Generator) -> list[int]:
 def co_batch(
     fn: Impl,
     batch: Batch,
-    others: Batch,
+    others: Batch | Mapping[str, Batch],
     model: RequestModel,
     sizes: Sequence[int] = CO_BATCH_SIZES,
     generator: torch.Generator | None = None,
@@ -275,29 +275,46 @@ def co_batch(
     """A request's outputs are the same bits alone and in any co-batch.
 
     For each target request ``t`` of ``batch`` (first, last, random): ``fn(take(batch, [t]))`` is
-    the expectation; ``t`` first in ``concat([take(batch, [t]), take(others, k requests)])`` for
-    each co-batch size ``k`` in ``sizes`` (``others``' requests cycled in random order when it
-    has fewer than ``k``), and ``t`` inside the whole ``batch``, must give the same bits.
+    the expectation; ``t`` first in ``concat([take(batch, [t]), take(pool, k requests)])`` for
+    each co-batch size ``k`` in ``sizes`` (the pool's requests cycled in random order when it has
+    fewer than ``k``), and ``t`` inside the whole ``batch``, must give the same bits.
+
+    ``others`` is one pool of other requests, or several named by their length mix
+    (:attr:`RequestModel.neighbours`).  Mixes are dealt round-robin over the (target, size)
+    pairs, so a case costs as many launches as with one pool; a mix left over (fewer pairs than
+    mixes: one target, or sizes cut by ``--max-m``) runs with the first target at the largest
+    size.  Each comparison's label names its mix, e.g. ``request 3 with 7 others (one_huge)``.
     """
     g = generator if generator is not None else torch.Generator().manual_seed(0)
     result = DriverResult(vacuous="no other request: neither the batch nor the co-batches have one")
-    n, m = batch.num_rows, others.num_rows
+    pools = {"": others} if isinstance(others, Batch) else dict(others)
+    mixes = [name for name, pool in pools.items() if pool.num_rows > 0]
+    n = batch.num_rows
     full = _call(fn, batch)
-    for t in request_targets(n, g):
+    targets = request_targets(n, g)
+    expected: dict[int, tuple[Batch, Outputs]] = {}
+    for t in targets:
         alone_batch = model.take(batch, [t])
-        expected = _call(fn, alone_batch)
+        expected[t] = (alone_batch, _call(fn, alone_batch))
         result.record(
             f"request {t} in its batch of {n}",
-            compare_outputs(expected, _rows(full, t)),
+            compare_outputs(expected[t][1], _rows(full, t)),
             [t],
             meaningful=n > 1,
         )
-        if m == 0:
-            continue
-        for k in sizes:
-            mixed = model.concat([alone_batch, model.take(others, _cycled(m, k, g))])
-            got = _rows(_call(fn, mixed), 0)
-            result.record(f"request {t} with {k} others", compare_outputs(expected, got), [t])
+    if not mixes or not sizes:
+        return result
+    pairs = [(t, k, mixes[i % len(mixes)]) for i, (t, k) in enumerate((t, k) for t in targets for k in sizes)]
+    used = {mix for _, _, mix in pairs}
+    if targets:
+        pairs += [(targets[0], max(sizes), mix) for mix in mixes if mix not in used]
+    for t, k, mix in pairs:
+        alone_batch, want = expected[t]
+        pool = pools[mix]
+        mixed = model.concat([alone_batch, model.take(pool, _cycled(pool.num_rows, k, g))])
+        got = _rows(_call(fn, mixed), 0)
+        label = f"request {t} with {k} others" + (f" ({mix})" if mix else "")
+        result.record(label, compare_outputs(want, got), [t])
     return result
 
 

@@ -258,11 +258,18 @@ class RequestModel:
         relocate: ``relocate(batch, generator) -> Batch``: the same logical requests with their
             data in other physical places (other pages, pages in another order, other table
             padding); every byte no request references is NaN.
+        neighbours: ``neighbours(case, lane) -> {mix: Case}``: the cases whose requests are the
+            *other* requests of the co_batch and slot checks, one per length mix (e.g. short,
+            long, equal, one huge), each with the target case's shape axes so that ``concat``
+            joins them (same heads, head size, page size, dtype...), seeds derived from the
+            case's seed.  co_batch spreads the mixes round-robin over its (target, size) pairs;
+            slot uses the first mix.  None: one pool, the same case with another seed.
     """
 
     take: Callable[[Batch, Sequence[int]], Batch]
     concat: Callable[[Sequence[Batch]], Batch]
     relocate: Callable[[Batch, torch.Generator], Batch]
+    neighbours: Callable[[Case, Lane], Mapping[str, Case]] | None = None
 
 
 @dataclass(frozen=True)

@@ -377,6 +377,33 @@ def test_bf16_rounded_weights_exceed_the_bound(dtype):
     assert worst[torch.bfloat16] > 2.0
 
 
+@pytest.mark.cpu
+@pytest.mark.parametrize("lane", [Lane.CPU, Lane.SM90])
+def test_neighbour_mixes_keep_the_case_shapes_and_cover_the_issue_lengths(lane: Lane) -> None:
+    """co_batch's other requests: one case per mix, with the target case's shape axes (so they
+    concatenate), short, long, equal and one request past the case's longest context."""
+    cpu = torch.device("cpu")
+    factor = 4 if lane.is_gpu else 2
+    for case in component.cases(Lane.CPU):
+        mixes = component.neighbours(case, lane)
+        assert tuple(mixes) == component.NEIGHBOUR_MIXES
+        shape = ("Q", "Hq", "Hkv", "D", "page_size", "dtype", "sparse_k")
+        assert all({k: c.axes[k] for k in shape} == {k: case.axes[k] for k in shape} for c in mixes.values())
+        assert len({c.seed for c in mixes.values()} | {case.seed}) == 5
+        assert mixes["one_huge"].axes["longest"] == factor * case.axes["longest"]
+        if lane.is_gpu:
+            continue  # building 4x the longest context on the cpu is not this test's business
+        batch = component.build(case, cpu)
+        q_len, longest = case.axes["Q"], case.axes["longest"]
+        lens = {mix: component.build(c, cpu).rows["seq_lens"].tolist() for mix, c in mixes.items()}
+        assert all(q_len <= n <= q_len + 16 for n in lens["short"])
+        assert all(q_len <= n <= longest for n in lens["long"])
+        assert set(lens["equal"]) == {longest}
+        assert max(lens["one_huge"]) == factor * longest and sorted(lens["one_huge"])[-2] <= q_len + 16
+        joined = component.concat([batch, *(component.build(c, cpu) for c in mixes.values())])
+        assert joined.num_rows == batch.num_rows + sum(len(v) for v in lens.values())
+
+
 # --- GPU only ---------------------------------------------------------------------------------------
 
 

@@ -8,6 +8,8 @@ through a block table; the outputs are each request's sum (fp32, added in token 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given
@@ -34,6 +36,7 @@ pytestmark = pytest.mark.cpu
 
 PAGE = 4
 MAX_LEN = 13
+HUGE_LEN = 3 * MAX_LEN
 POOLS = ("pool",)
 
 
@@ -45,6 +48,8 @@ def _build(case: Case, device: torch.device) -> Batch:
     lengths = torch.randint(1, MAX_LEN + 1, (n,), generator=g).tolist()
     for i, special in enumerate((1, PAGE, MAX_LEN, PAGE + 1)[: max(0, n - 1)]):
         lengths[(i * 3 + case.seed) % n] = special
+    if case.axes.get("huge") and n:  # a neighbour mix: one request past every case's longest
+        lengths[0] = HUGE_LEN
     need = requests.pages_needed(lengths, PAGE)
     width = max(need, default=1)
     spares = [int(torch.randint(2, (1,), generator=g)) for _ in range(n)]
@@ -167,6 +172,34 @@ def _toy(fast=_fast, baselines=BASELINES, sizes=(5, 1)):
 
 TOY = _toy()
 CASE = Case("paged_sums", {"requests": 5}, seed=0)
+
+
+def _mixes(case: Case, lane: Lane) -> dict[str, Case]:
+    """The toy's neighbour mixes: the case's lengths with another seed, and 7 requests of which
+    one is HUGE_LEN long."""
+    del lane
+    return {
+        "plain": case.with_seed(case.seed + 7919),
+        "one_huge": Case("paged_sums", {"requests": 7, "huge": True}, seed=case.seed + 2 * 7919),
+    }
+
+
+def _long_neighbour_nudge(block_table, seq_lens, pool):
+    """Another path when any request of the launch is past MAX_LEN (a plan chosen by the longest
+    context): only a co-batch with a huge neighbour reaches it."""
+    s, m = _sums(block_table, seq_lens, pool)
+    return (s + 2.0**-10 if int(seq_lens.max()) > MAX_LEN else s), m
+
+
+def _with_mixes(comp: Component) -> Component:
+    assert comp.requests is not None
+    return dataclasses.replace(comp, requests=dataclasses.replace(comp.requests, neighbours=_mixes))
+
+
+#: The toy with a subject that varies only beside a huge request: PLAIN has one pool of other
+#: requests (the same case, another seed), MIXED the mixes of :func:`_mixes`.
+PLAIN = _toy(baselines=(Baseline("long_neighbour", _long_neighbour_nudge, "a plan by the longest request"),))
+MIXED = _with_mixes(PLAIN)
 
 
 def test_the_request_checks_follow_the_row_checks_and_apply_only_to_request_level_components():
@@ -361,3 +394,45 @@ def test_max_m_cuts_the_co_batch_sizes_and_says_so():
     assert cut.m_cut
     assert not any("with 7 others" in w or "with 255 others" in w for w in cut.where)
     assert not run_check(TOY, FAST, "co_batch", CASE, Lane.CPU).m_cut
+
+
+def test_co_batch_draws_its_other_requests_from_every_mix_at_the_same_cost():
+    """Mixes are dealt round-robin over the (target, size) pairs: as many launches as with one
+    pool, every mix used, and each label names its mix."""
+    labels = []
+    for comp in (PLAIN, MIXED):
+        seen: list[str] = []
+        original = invariance.DriverResult.record
+
+        def spy(self, label, *args, _seen=seen, _original=original, **kwargs):
+            _seen.append(label)
+            return _original(self, label, *args, **kwargs)
+
+        invariance.DriverResult.record = spy
+        try:
+            assert run_check(comp, FAST, "co_batch", CASE, Lane.CPU).status == "pass"
+        finally:
+            invariance.DriverResult.record = original
+        labels.append(seen)
+    plain, mixed = labels
+    assert len(plain) == len(mixed)
+    assert any(label.endswith("(plain)") for label in mixed)
+    assert any(label.endswith("(one_huge)") for label in mixed)
+    assert not any("(" in label for label in plain)
+
+
+def test_a_subject_varying_only_beside_a_huge_request_is_caught_through_the_one_huge_mix():
+    caught = run_check(MIXED, "long_neighbour", "co_batch", CASE, Lane.CPU)
+    assert caught.status == "fail" and caught.where
+    assert all(w.endswith("(one_huge)") for w in caught.where), caught.where
+    assert "(one_huge)" in caught.detail
+    # without the mixes (the same case with another seed) nothing reaches the other path
+    assert run_check(PLAIN, "long_neighbour", "co_batch", CASE, Lane.CPU).status == "pass"
+    assert run_check(MIXED, FAST, "co_batch", CASE, Lane.CPU).status == "pass"
+    assert run_check(MIXED, FAST, "slot", CASE, Lane.CPU).status == "pass"
+
+
+def test_a_single_request_case_still_sees_every_mix():
+    one = Case("paged_sums", {"requests": 1}, seed=0)
+    caught = run_check(MIXED, "long_neighbour", "co_batch", one, Lane.CPU, m_limit=2)
+    assert caught.status == "fail" and caught.where == ["request 0 with 1 others (one_huge)"]

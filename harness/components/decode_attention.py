@@ -2,8 +2,10 @@
 inputs, and the three request-model functions (:func:`take`, :func:`concat`, :func:`relocate`).
 
 The registry entry, :data:`COMPONENT`, is at the end: a request-level component (its
-``RequestModel`` is take / concat / relocate below), checked for agreement, co_batch, slot,
-placement and repeat.
+``RequestModel`` is take / concat / relocate / neighbours below), checked for agreement,
+co_batch, slot, placement and repeat.  co_batch puts each target request among other requests
+of four length mixes (:func:`neighbours`: long, short, equal, and one huge, 2x the case's
+longest context on the cpu lane, 4x on GPU lanes), one mix per (target, co-batch size) pair.
 
 A :class:`Batch` of this component holds, per request (``rows``, dim 0 = requests): ``q``
 (R, Q, Hq, D), ``seq_lens`` (R,), ``block_table`` (R, T) and, in sparse cases, ``indices``
@@ -35,8 +37,8 @@ DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.f
 #: Length kinds of a case (per request, cycled or drawn from the seed):
 #: ``edges``: 1, Q, page and split boundaries +-1 of the cpu lane's table (page 16, split 32);
 #: ``mixed``: uniform in [Q, longest]; ``equal``: every request at ``longest``;
-#: ``one_huge``: one request at ``longest``, the others short.
-LENGTH_KINDS: tuple[str, ...] = ("edges", "mixed", "equal", "one_huge")
+#: ``one_huge``: one request at ``longest``, the others short; ``short``: uniform in [Q, Q + 16].
+LENGTH_KINDS: tuple[str, ...] = ("edges", "mixed", "equal", "one_huge", "short")
 EDGE_LENGTHS: tuple[int, ...] = (1, 2, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 95, 96, 97)
 
 
@@ -138,6 +140,8 @@ def _lengths(kind: str, count: int, q_len: int, longest: int, seed: int, gen: to
         if count:
             short[int(torch.randint(count, (1,), generator=gen))] = longest
         return short
+    if kind == "short":
+        return [int(v) for v in torch.randint(q_len, q_len + 17, (count,), generator=gen)]
     raise ValueError(f"lengths: expected one of {LENGTH_KINDS}, got {kind!r}")
 
 
@@ -296,6 +300,40 @@ def bench_bytes(batch: Batch) -> int:
 
 
 # --- the request model -------------------------------------------------------------------------
+
+#: The other requests' length mixes of the co_batch check (:func:`neighbours`), in order; slot
+#: uses the first.
+NEIGHBOUR_MIXES: tuple[str, ...] = ("long", "short", "equal", "one_huge")
+#: How much longer than the case's ``longest`` the one huge neighbour is: 4x on GPU lanes, 2x on
+#: the cpu lane (the interpreter's cost grows with the context).
+HUGE_FACTOR: dict[bool, int] = {True: 4, False: 2}
+#: Requests per neighbour case (at least the case's R): a co-batch of up to 7 others draws each
+#: once on the cpu lane; larger co-batches cycle them.
+NEIGHBOUR_REQUESTS = 8
+
+
+def neighbours(case: Case, lane: Lane) -> dict[str, Case]:
+    """The other requests of the co_batch and slot checks, one case per length mix, each with
+    ``case``'s shape axes (Q, Hq, Hkv, D, page_size, dtype, sparse_k) and a seed derived from
+    its seed: ``long`` (uniform in [Q, longest]), ``short`` (uniform in [Q, Q + 16]), ``equal``
+    (every request at ``longest``) and ``one_huge`` (short ones and one at :data:`HUGE_FACTOR`
+    times ``longest``, past every request of the case)."""
+    a = dict(case.axes)
+    r_count = max(int(a["R"]), NEIGHBOUR_REQUESTS)
+    longest = int(a["longest"])
+    huge = longest * HUGE_FACTOR[lane.is_gpu]
+    kinds = {
+        "long": ("mixed", longest),
+        "short": ("short", longest),
+        "equal": ("equal", longest),
+        "one_huge": ("one_huge", huge),
+    }
+    out = {}
+    for i, mix in enumerate(NEIGHBOUR_MIXES):
+        lengths, top = kinds[mix]
+        axes = {**a, "R": r_count, "lengths": lengths, "longest": top}
+        out[mix] = Case(case.component, axes, seed=case.seed + 7919 * (i + 1))
+    return out
 
 
 def take(batch: Batch, requests: Sequence[int] | torch.Tensor) -> Batch:
@@ -518,5 +556,5 @@ COMPONENT = Component(
     error_cases=error_cases,
     bench_cases=bench_cases,
     bench_bytes=bench_bytes,
-    requests=RequestModel(take=take, concat=concat, relocate=relocate),
+    requests=RequestModel(take=take, concat=concat, relocate=relocate, neighbours=neighbours),
 )
