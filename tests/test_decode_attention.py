@@ -378,7 +378,7 @@ def test_bf16_rounded_weights_exceed_the_bound(dtype):
 # --- the order-exact merge_order design ----------------------------------------------------------
 
 
-def _merge_fp32(partials: torch.Tensor, descending: bool) -> torch.Tensor:
+def _merge_equal_weights(partials: torch.Tensor, descending: bool) -> torch.Tensor:
     """The merge kernel's arithmetic on ``partials`` [n_splits, ...] (fp32) whose merge weights
     are all exp(0) = 1: an fp32 running sum in split order, one division by the count."""
     order = range(partials.shape[0] - 1, -1, -1) if descending else range(partials.shape[0])
@@ -407,8 +407,8 @@ def test_merge_order_values_are_exact_ascending_and_round_descending(dtype):
             v = torch.tensor([big, -big, odd * small, 0.0], dtype=torch.float64) * sign
             assert torch.equal(v.to(dtype).double(), v), "a design value is not exact in the dtype"
             exact = v.sum() / 4
-            up = _merge_fp32(v.float(), descending=False)
-            down = _merge_fp32(v.float(), descending=True)
+            up = _merge_equal_weights(v.float(), descending=False)
+            down = _merge_equal_weights(v.float(), descending=True)
             assert up.double() == exact and up.to(dtype).double() == exact
             assert down.to(dtype).double() != exact
             assert abs(float(exact)) >= 2.0**-14  # a normal number of either output dtype
@@ -462,6 +462,6 @@ def test_merge_order_is_bitwise_and_order_sensitive(case):
         n = int(kw["seq_lens"][r])
         v = v_cache[table[r, : n // k_cache.shape[1]]].reshape(n, case.axes["Hkv"], -1)
         partials = v.float().cpu().reshape(n // split_tokens, split_tokens, *v.shape[1:])[:, 0]
-        down = _merge_fp32(partials, descending=True).repeat_interleave(group, dim=0).to(o.dtype)
+        down = _merge_equal_weights(partials, descending=True).repeat_interleave(group, dim=0).to(o.dtype)
         held = mask[r, -1].cpu()
         assert not (down == want[r, -1].cpu())[held].any()
