@@ -381,8 +381,9 @@ def attention_bound(
 
     How tight: eps terms are O(10**-5) for the issue's shapes, so the bound on o is about half
     an ulp of the output plus a few fp32 ulps of A.  Merging the same partials in another order
-    changes o by a few u A and lse by a few u |lse|: within the bound (a reordering mutant needs
-    a bitwise, order-aware check, not this bound).  Dropping the last partial page removes
+    changes o by a few u A and lse by a few u |lse|: within the bound (a reordering mutant is
+    caught bitwise instead, by the component's order-exact ``merge_order`` cases: see
+    ``batchinv.harness.components.decode_attention.exact``).  Dropping the last partial page removes
     positions of weight ``P_drop``, moving lse by ``log(1 - P_drop)`` (~P_drop >> the lse bound
     whenever P_drop > ~1e-5, i.e. any dropped position in contexts below ~10**5 tokens) and o by
     ``P_drop (v - o)``: caught.  Empty context: bound 0 (o = 0 and lse = -inf are exact).

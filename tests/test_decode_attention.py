@@ -438,3 +438,95 @@ def test_cuda_graph_replay_with_new_lengths_and_pages_equals_eager():
         eager = fast(**static)
         torch.cuda.synchronize()
         assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1]), f"step {step}"
+
+
+# --- the order-exact merge_order design ----------------------------------------------------------
+
+
+def _merge_equal_weights(partials: torch.Tensor, descending: bool) -> torch.Tensor:
+    """The merge kernel's arithmetic on ``partials`` [n_splits, ...] (fp32) whose merge weights
+    are all exp(0) = 1: an fp32 running sum in split order, one division by the count."""
+    order = range(partials.shape[0] - 1, -1, -1) if descending else range(partials.shape[0])
+    acc = torch.zeros(partials.shape[1:], dtype=torch.float32)
+    for s in order:
+        acc = acc + partials[s]
+    return acc / partials.shape[0]
+
+
+def _merge_order_cases(lane: Lane) -> list[Case]:
+    return [c for c in component.cases(lane) if c.axes["lengths"] == "merge_order"]
+
+
+@pytest.mark.parametrize("lane", [Lane.CPU, Lane.SM90])
+def test_merge_order_cases_exist_on_the_lane(lane):
+    cases = _merge_order_cases(lane)
+    assert {c.axes["dtype"] for c in cases} == {"bfloat16", "float16"}
+    assert all(c.axes["sparse_k"] == 0 for c in cases)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_merge_order_values_are_exact_ascending_and_round_descending(dtype):
+    big, small = component._MERGE_VALUES[dtype]
+    for odd in (1, 3, 5, 7):
+        for sign in (1.0, -1.0):
+            v = torch.tensor([big, -big, odd * small, 0.0], dtype=torch.float64) * sign
+            assert torch.equal(v.to(dtype).double(), v), "a design value is not exact in the dtype"
+            exact = v.sum() / 4
+            up = _merge_equal_weights(v.float(), descending=False)
+            down = _merge_equal_weights(v.float(), descending=True)
+            assert up.double() == exact and up.to(dtype).double() == exact
+            assert down.to(dtype).double() != exact
+            assert abs(float(exact)) >= 2.0**-14  # a normal number of either output dtype
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("seed", [0, 1, 6])
+def test_merge_order_envelope_is_found_from_the_data(seed):
+    case = _merge_order_cases(Lane.CPU)[0].with_seed(seed)
+    batch = component.build(case, torch.device("cpu"))
+    ref = reference(**batch.kwargs())
+    mask_o, mask_lse = component.exact(batch, ref)
+    q_len = case.axes["Q"]
+    assert mask_o[:, q_len - 1].all(), "the last token of every request is held bitwise"
+    assert not bool(mask_lse.any())
+    # The request functions keep the design: a take, a concat with a random request, a relocation.
+    other = component.build(case_of(R=2, lengths="mixed", longest=40).with_seed(seed), torch.device("cpu"))
+    parts = component.concat([component.take(batch, [1, 0]), other])
+    moved = component.relocate(parts, torch.Generator().manual_seed(seed))
+    for b in (parts, moved):
+        m = component.exact(b, reference(**b.kwargs()))[0]
+        assert m[:2, q_len - 1].all() and not m[2:].any()
+
+
+@pytest.mark.cpu
+def test_random_cases_hold_nothing_bitwise():
+    for case in component.cases(Lane.CPU):
+        if case.axes["lengths"] != "merge_order" and case.axes["D"] == 16:
+            batch = component.build(case, torch.device("cpu"))
+            assert not component.exact(batch, reference(**batch.kwargs()))[0].any(), case.id
+
+
+@any_lane
+@pytest.mark.parametrize("case", _merge_order_cases(LANE), ids=lambda c: c.id)
+def test_merge_order_is_bitwise_and_order_sensitive(case):
+    from batchinv.reference.exact import round_once
+
+    batch = component.build(case, DEVICE)
+    ref = reference(**batch.kwargs())
+    mask = component.exact(batch, ref)[0]
+    assert mask.any()
+    o, _ = run(fast, batch)
+    want = round_once(ref[0], o.dtype)
+    assert torch.equal(o[mask], want[mask]), "the shipped merge is not bitwise on the design"
+    # Each split's partial is its constant value; merged descending, every held element differs.
+    kw = batch.kwargs()
+    split_tokens = decode_attention_config(arch(DEVICE), case.axes["D"], o.dtype).split_tokens
+    table, k_cache, v_cache = kw["block_table"].long(), kw["k_cache"], kw["v_cache"]
+    group = case.axes["Hq"] // case.axes["Hkv"]
+    for r in range(case.axes["R"]):
+        n = int(kw["seq_lens"][r])
+        v = v_cache[table[r, : n // k_cache.shape[1]]].reshape(n, case.axes["Hkv"], -1)
+        partials = v.float().cpu().reshape(n // split_tokens, split_tokens, *v.shape[1:])[:, 0]
+        down = _merge_equal_weights(partials, descending=True).repeat_interleave(group, dim=0).to(o.dtype)
+        held = mask[r, -1].cpu()
+        assert not (down == want[r, -1].cpu())[held].any()

@@ -30,6 +30,7 @@ from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import Baseline, Batch, Case, Component, ErrorCase, RequestModel, Toleranced
 from batchinv.reference import decode_attention as ref_attention
 from batchinv.reference.errors import ArgumentError, DeviceError, DTypeError
+from batchinv.reference.exact import round_once
 
 NAME = "decode_attention"
 DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -37,8 +38,10 @@ DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.f
 #: Length kinds of a case (per request, cycled or drawn from the seed):
 #: ``edges``: 1, Q, page and split boundaries +-1 of the cpu lane's table (page 16, split 32);
 #: ``mixed``: uniform in [Q, longest]; ``equal``: every request at ``longest``;
-#: ``one_huge``: one request at ``longest``, the others short; ``short``: uniform in [Q, Q + 16].
-LENGTH_KINDS: tuple[str, ...] = ("edges", "mixed", "equal", "one_huge", "short")
+#: ``one_huge``: one request at ``longest``, the others short; ``short``: uniform in [Q, Q + 16];
+#: ``merge_order``: the order-exact design (:func:`_merge_order_kv`): every request at
+#: ``MERGE_SPLITS`` splits of the lane's ``split_tokens`` (``longest`` is not used).
+LENGTH_KINDS: tuple[str, ...] = ("edges", "mixed", "equal", "one_huge", "short", "merge_order")
 EDGE_LENGTHS: tuple[int, ...] = (1, 2, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 95, 96, 97)
 
 
@@ -61,6 +64,8 @@ def cases(lane: Lane) -> list[Case]:
             (3, 1, 4, 1, 16, "one_huge", 0, "bfloat16"),
             (3, 1, 4, 1, 16, "mixed", 24, "bfloat16"),
             (9, 2, 4, 1, 16, "edges", 40, "float16"),
+            (3, 1, 4, 1, 16, "merge_order", 0, "bfloat16"),
+            (2, 2, 2, 2, 16, "merge_order", 0, "float16"),
         ):
             out.append(
                 _case(
@@ -96,6 +101,21 @@ def cases(lane: Lane) -> list[Case]:
                                 sparse_k=0,
                             )
                         )
+    for dtype, page_size in (("bfloat16", 16), ("float16", 64)):
+        out.append(
+            _case(
+                R=8,
+                Q=1,
+                Hq=32,
+                Hkv=8,
+                D=128,
+                page_size=page_size,
+                dtype=dtype,
+                lengths="merge_order",
+                longest=0,
+                sparse_k=0,
+            )
+        )
     for q_len in (2, 4):
         out.append(
             _case(
@@ -128,7 +148,16 @@ def cases(lane: Lane) -> list[Case]:
     return out
 
 
-def _lengths(kind: str, count: int, q_len: int, longest: int, seed: int, gen: torch.Generator) -> list[int]:
+#: Splits per request in ``merge_order`` cases: a power of two, so the merge's final division
+#: by the split count is exact.
+MERGE_SPLITS = 4
+
+
+def _lengths(
+    kind: str, count: int, q_len: int, longest: int, seed: int, gen: torch.Generator, split_tokens: int
+) -> list[int]:
+    if kind == "merge_order":
+        return [MERGE_SPLITS * split_tokens] * count
     if kind == "edges":
         return [max(q_len, EDGE_LENGTHS[(seed + r) % len(EDGE_LENGTHS)]) for r in range(count)]
     if kind == "mixed":
@@ -180,16 +209,67 @@ def _sparse_indices(lens: Sequence[int], q_len: int, k: int, seed: int, gen: tor
     return out
 
 
+#: ``merge_order`` values per dtype: (big, small) with small 25 bits below big, both exact in
+#: the dtype (fp16 cannot hold 2**25), small times 7 still exact and its quarter a normal number.
+_MERGE_VALUES: dict[torch.dtype, tuple[float, float]] = {
+    torch.bfloat16: (2.0**25, 1.0),
+    torch.float16: (2.0**14, 2.0**-11),
+}
+
+
+def _merge_order_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+    lens: Sequence[int],
+    split_tokens: int,
+    gen: torch.Generator,
+) -> None:
+    """Overwrite the referenced KV of a ``merge_order`` batch (in place, CPU tensors) with the
+    order-exact design: every key 0 (every score 0, so each split's softmax weights are exp(0) = 1
+    and every full split has the same lse: every merge weight is exp(0) = 1); all positions of
+    split s hold ``v_s`` in a channel, with ``v = sign * (big, -big, m * small, 0)`` per (request,
+    kv head, channel), ``sign`` = +-1 and ``m`` in {1, 3, 5, 7} from ``gen``.
+
+    Each partial o_s = v_s exactly, the ascending fp32 merge sums big - big + m small + 0 exactly
+    and divides by 4 exactly, so o is the fp64 reference ``sign * m * small / 4`` rounded once; a
+    merge in another order adds ``m * small`` to ``-big`` first, which fp32 rounds (25 bits), and
+    ends elsewhere.  :func:`exact` holds these o bitwise.  The lengths must be ``MERGE_SPLITS *
+    split_tokens`` (whole pages: no NaN tail)."""
+    big, small = _MERGE_VALUES[v_cache.dtype]
+    page_size, hkv, d = v_cache.shape[1], v_cache.shape[2], v_cache.shape[3]
+    for r, length in enumerate(lens):
+        if length != MERGE_SPLITS * split_tokens or split_tokens % page_size:
+            raise ValueError(
+                f"merge_order: length {length} is not {MERGE_SPLITS} x {split_tokens} in whole pages"
+            )
+        sign = torch.randint(2, (hkv, d), generator=gen).to(torch.float64) * 2 - 1
+        odd = torch.randint(4, (hkv, d), generator=gen).to(torch.float64) * 2 + 1
+        per_split = torch.stack(
+            [sign * big, -sign * big, sign * odd * small, torch.zeros(hkv, d, dtype=torch.float64)]
+        )
+        values = per_split.repeat_interleave(split_tokens, dim=0)  # [L, Hkv, D]
+        ids = table[r, : length // page_size].to(torch.int64)
+        k_cache[ids] = 0.0
+        v_cache[ids] = values.view(-1, page_size, hkv, d).to(v_cache.dtype)
+
+
 def build(case: Case, device: torch.device) -> Batch:
-    """The batch of ``case``: a deterministic function of its axes and seed (bench cases, axis
-    ``fill="device"``: :func:`build_on_device`)."""
+    """The batch of ``case``: a deterministic function of its axes and seed (``merge_order``
+    cases: of the lane's ``split_tokens`` too, from the fast kernel's config table on ``device``;
+    bench cases, axis ``fill="device"``: :func:`build_on_device`)."""
+    from batchinv.fast.decode_attention import decode_attention_config
+    from batchinv.fast.device import arch
+
     a = case.axes
     if a.get("fill") == "device":
         return build_on_device(case, device)
     gen = torch.Generator().manual_seed(case.seed)
     dtype = DTYPES[a["dtype"]]
     r_count, q_len, hq, hkv, d, page_size = a["R"], a["Q"], a["Hq"], a["Hkv"], a["D"], a["page_size"]
-    lens = _lengths(a["lengths"], r_count, q_len, a["longest"], case.seed, gen)
+    merge_order = a["lengths"] == "merge_order"
+    split_tokens = decode_attention_config(arch(device), d, dtype).split_tokens if merge_order else 0
+    lens = _lengths(a["lengths"], r_count, q_len, a["longest"], case.seed, gen, split_tokens)
     need = _pages_needed(lens, page_size)
     spare = 1 + int(torch.randint(3, (1,), generator=gen))
     num_pages = sum(need) + spare
@@ -205,6 +285,8 @@ def build(case: Case, device: torch.device) -> Batch:
         table[r, : need[r]] = ids
         k_cache[ids] = torch.randn(need[r], page_size, hkv, d, generator=gen).to(dtype)
         v_cache[ids] = torch.randn(need[r], page_size, hkv, d, generator=gen).to(dtype)
+    if merge_order:
+        _merge_order_kv(k_cache, v_cache, table, lens, split_tokens, gen)
     _nan_tails(k_cache, table, lens)
     _nan_tails(v_cache, table, lens)
     rows: dict[str, torch.Tensor] = {
@@ -518,6 +600,88 @@ def bound(batch: Batch, reference: tuple[torch.Tensor, ...]) -> tuple[torch.Tens
     )
 
 
+def _fp32_normal(x: torch.Tensor) -> torch.Tensor:
+    """Where fp64 ``x`` is an fp32 value that is 0 or normal (no GPU flushes it)."""
+    return (x.to(torch.float32).to(torch.float64) == x) & ((x == 0) | (x.abs() >= 2.0**-126))
+
+
+def _exact_sum(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(a + b, exact)`` in fp64: the sum and where it is exact (Knuth's TwoSum error is 0)."""
+    total = a + b
+    b_virtual = total - a
+    err = (a - (total - b_virtual)) + (b - b_virtual)
+    return total, err == 0
+
+
+def exact(batch: Batch, reference: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The o elements the fast kernel computes exactly, found from the data: (bool (R, Q, Hq, D),
+    a 0-d False for lse: lse is a log, never exact).
+
+    An element (r, i, h, c) is held when its token is dense and its keys and values are the
+    ``merge_order`` design (:func:`_merge_order_kv`), checked here on the batch itself, so that
+    take / concat / relocate keep it: q finite; every key of the context 0 (all scores 0); the
+    context ``n`` a power-of-two count ``>= 2`` of whole splits of the lane's ``split_tokens``
+    (``<= 2**13``); in channel c each split's values one constant ``v_s``, an fp32 value, normal
+    or 0, with ``split_tokens * v_s`` too; every prefix ``v_0 + ... + v_s`` exact in fp64 and an
+    fp32 value, normal or 0; ``o = (v_0 + ... + v_last) / n_splits`` nonzero (a zero's sign is
+    not the design's), normal in fp32 and a value of the output dtype; the fp64 reference within
+    ``2**-20 |o|`` of it (its weights exp(-log n) are not exactly 1/n, so it is o only to about
+    2**-30 relative: it rounds once to o, never near a tie).  Everywhere else False:
+    all other cases are judged by the bound alone.  The design is exact for any seed."""
+    from batchinv.fast.decode_attention import decode_attention_config
+    from batchinv.fast.device import arch
+
+    q = batch.rows["q"]
+    r_count, q_len, hq, d = q.shape
+    mask_o = torch.zeros(r_count, q_len, hq, d, dtype=torch.bool)
+    no_lse = torch.zeros((), dtype=torch.bool)
+    if "indices" in batch.rows or q.numel() == 0:
+        return mask_o, no_lse
+    try:
+        split_tokens = decode_attention_config(arch(q.device), d, q.dtype).split_tokens
+    except ArgumentError:
+        return mask_o, no_lse
+    k_cache, v_cache = batch.shared["k_cache"], batch.shared["v_cache"]
+    page_size, hkv = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hkv
+    table = batch.rows["block_table"].cpu().to(torch.int64)
+    lens = [int(x) for x in batch.rows["seq_lens"].cpu()]
+    capacity = table.shape[1] * page_size
+    o_ref = reference[0].detach().cpu().to(torch.float64)
+    q_cpu = q.detach().cpu()
+    for r, length in enumerate(lens):
+        if length <= 0 or split_tokens > 2**13:
+            continue
+        pages = table[r, : -(-length // page_size)].to(k_cache.device)
+        k = k_cache.index_select(0, pages).reshape(-1, hkv, d)[:length].cpu().to(torch.float64)
+        v = v_cache.index_select(0, pages).reshape(-1, hkv, d)[:length].cpu().to(torch.float64)
+        for i in range(q_len):
+            n = min(length - q_len + i + 1, capacity)
+            n_splits = n // split_tokens
+            if n <= 0 or n % split_tokens or n_splits < 2 or n_splits & (n_splits - 1):
+                continue
+            if not bool(torch.isfinite(q_cpu[r, i]).all()) or not bool((k[:n] == 0).all()):
+                continue
+            per_split = v[:n].reshape(n_splits, split_tokens, hkv, d)
+            ok = (per_split == per_split[:, :1]).all(dim=1)  # [n_splits, Hkv, D]
+            vals = per_split[:, 0]  # [n_splits, Hkv, D]
+            ok &= _fp32_normal(vals) & _fp32_normal(vals * split_tokens)
+            held = ok.all(dim=0)
+            acc = vals[0]
+            for s in range(1, n_splits):
+                acc, exact_add = _exact_sum(acc, vals[s])
+                held &= exact_add & _fp32_normal(acc)
+            o = acc / n_splits  # exact in fp64: a power of two, no underflow at these magnitudes
+            held &= _fp32_normal(o) & (o != 0)
+            held &= round_once(o, q.dtype).to(torch.float64) == o  # a value of the output dtype
+            held_q = held.repeat_interleave(group, dim=0)  # [Hq, D]
+            o_q = o.repeat_interleave(group, dim=0)
+            # The fp64 reference's weights exp(-log n) are not exactly 1/n: it is o to ~2**-30
+            # relative (cancelling 2**25-apart values), far inside o's half ulp.
+            mask_o[r, i] = held_q & ((o_ref[r, i] - o_q).abs() <= 2.0**-20 * o_q.abs())
+    return mask_o.to(q.device), no_lse.to(q.device)
+
+
 def out_dtypes(batch: Batch) -> tuple[torch.dtype, ...]:
     """``o`` in q's dtype, ``lse`` in fp32."""
     return (batch.rows["q"].dtype, torch.float32)
@@ -551,6 +715,16 @@ COMPONENT = Component(
         "(reference.decode_attention.attention_bound) is derived from D, the split and chunk "
         "counts, exp/log accuracy and one rounding to the output dtype",
         out_dtypes=out_dtypes,
+        exact=exact,
+        exact_justification=(
+            "merge_order requests (found from the data: zero keys, per-split constant values, a "
+            "power-of-two count of whole splits): every score is 0, so each split's weights are "
+            "exp(0) = 1, its partial o_s is its constant value exactly and every full split has the "
+            "same lse, so every merge weight is exp(0) = 1; the ascending fp32 merge adds values whose "
+            "prefix sums are fp32 values (checked) and divides by a power of two: o is the fp64 "
+            "reference rounded once, bitwise; a merge in another order rounds (the design cancels "
+            "2**25-apart values first)"
+        ),
     ),
     dtypes=(torch.bfloat16, torch.float16),
     error_cases=error_cases,

@@ -133,4 +133,19 @@ MUTANTS: tuple[Mutant, ...] = (
         "the fp64 division by N replaced by an fp32 one (the sum rounded to fp32 first)",
         ("agreement",),
     ),
+    Mutant(
+        "decode_attention_dropped_last_partial_page",
+        "decode_attention",
+        kernels.decode_attention_dropped_last_partial_page,
+        "dense split kernel: positions in the request's last, partial page are never attended",
+        ("agreement",),
+    ),
+    Mutant(
+        "decode_attention_merge_in_descending_order",
+        "decode_attention",
+        kernels.decode_attention_merge_in_descending_order,
+        "the merge kernel walks the splits from the last to the first (same partials, another order)",
+        ("agreement",),
+        every_case=lambda case: case.axes["lengths"] == "merge_order",
+    ),
 )

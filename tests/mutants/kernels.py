@@ -14,10 +14,12 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
+import batchinv.fast.kernels.decode_attention as attention_kernels
 import batchinv.fast.kernels.matmul as matmul_kernels
 import batchinv.fast.kernels.mean as mean_kernels
 import batchinv.fast.kernels.softmax as softmax_kernels
 import batchinv.fast.kernels.topk as topk_kernels
+from batchinv.fast import decode_attention as attention_launcher
 from batchinv.fast import matmul as matmul_launcher
 from batchinv.fast import mean as mean_launcher
 from batchinv.fast import softmax as softmax_launcher
@@ -155,3 +157,30 @@ def mean_fp32_division() -> Callable[..., Any]:
         "out = round_from_f64((fixed_point_lane_sum_f64(acc).to(tl.float32) / n_cols).to(tl.float64), "
         "y_ptr.dtype.element_ty)"
     )
+
+
+# --- decode_attention -------------------------------------------------------------------------
+
+
+def _attention_subject(name: str, kernel: Any) -> Callable[..., Any]:
+    return with_kernel(attention_launcher, name, kernel, attention_launcher.decode_attention)
+
+
+def decode_attention_dropped_last_partial_page() -> Callable[..., Any]:
+    kernel = mutate(
+        attention_kernels,
+        "decode_attention_split_kernel",
+        "valid = lane_ok",
+        "valid = lane_ok & (t < (length // PAGE_SIZE) * PAGE_SIZE)",
+    )
+    return _attention_subject("decode_attention_split_kernel", kernel)
+
+
+def decode_attention_merge_in_descending_order() -> Callable[..., Any]:
+    kernel = mutate(
+        attention_kernels,
+        "decode_attention_merge_kernel",
+        "for s in range(0, num_splits):",
+        "for s in range(num_splits - 1, -1, -1):",
+    )
+    return _attention_subject("decode_attention_merge_kernel", kernel)
