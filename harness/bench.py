@@ -71,8 +71,9 @@ def time_call(fn: Callable[[], Any], reps: int) -> tuple[float, str]:
         def run() -> None:
             graph.replay()
 
-    except Exception:
-        mode = "eager"
+    except Exception as exc:  # any capture failure: time eagerly, and say why
+        mode = f"eager ({type(exc).__name__} in capture)"
+        del exc
         torch.cuda.synchronize()
 
         def run() -> None:

@@ -318,6 +318,7 @@ def _merge_fp32(o_s, lse_s, order):
     return acc / total[:, None], m + total.log()
 
 
+@pytest.mark.cpu  # an fp32 emulation of the interpreter's table entry (D = 16)
 def test_merging_splits_in_another_order_stays_within_the_bound():
     """Why the bound cannot catch a reordered merge (that takes a bitwise, order-aware check):
     an fp32 split-KV computation merged ascending and descending both sit inside it."""
@@ -347,6 +348,7 @@ def test_merging_splits_in_another_order_stays_within_the_bound():
     assert differs, "the two merge orders gave the same fp32 bits: pick other inputs"
 
 
+@pytest.mark.cpu  # an fp32 emulation of the interpreter's table entry (D = 16)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_bf16_rounded_weights_exceed_the_bound(dtype):
     """The bound's teeth against a precision downgrade: rounding the softmax weights to bf16

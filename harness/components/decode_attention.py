@@ -387,8 +387,11 @@ def bench_bytes(batch: Batch) -> int:
 #: uses the first.
 NEIGHBOUR_MIXES: tuple[str, ...] = ("long", "short", "equal", "one_huge")
 #: How much longer than the case's ``longest`` the one huge neighbour is: 4x on GPU lanes, 2x on
-#: the cpu lane (the interpreter's cost grows with the context).
+#: the cpu lane (the interpreter's cost grows with the context) ...
 HUGE_FACTOR: dict[bool, int] = {True: 4, False: 2}
+#: ... but at most this long when ``longest`` is shorter (a 255-request co-batch cycles the mix's
+#: requests, so it holds the huge one ~32 times; the padded SDPA baseline must still fit).
+HUGE_CAP = 65536
 #: Requests per neighbour case (at least the case's R): a co-batch of up to 7 others draws each
 #: once on the cpu lane; larger co-batches cycle them.
 NEIGHBOUR_REQUESTS = 8
@@ -399,11 +402,12 @@ def neighbours(case: Case, lane: Lane) -> dict[str, Case]:
     ``case``'s shape axes (Q, Hq, Hkv, D, page_size, dtype, sparse_k) and a seed derived from
     its seed: ``long`` (uniform in [Q, longest]), ``short`` (uniform in [Q, Q + 16]), ``equal``
     (every request at ``longest``) and ``one_huge`` (short ones and one at :data:`HUGE_FACTOR`
-    times ``longest``, past every request of the case)."""
+    times ``longest``, at most :data:`HUGE_CAP` unless ``longest`` is more, past every request of
+    the case)."""
     a = dict(case.axes)
     r_count = max(int(a["R"]), NEIGHBOUR_REQUESTS)
     longest = int(a["longest"])
-    huge = longest * HUGE_FACTOR[lane.is_gpu]
+    huge = max(longest, min(longest * HUGE_FACTOR[lane.is_gpu], HUGE_CAP))
     kinds = {
         "long": ("mixed", longest),
         "short": ("short", longest),

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One device call, as a user runs it on a GPU machine: `make sweep PY=python3` with a cold Triton
+# cache, again warm, then `make test PY=python3` (the pytest lane), each timed end to end; logs
+# under OUTDIR.     bash ci/device_full_lane.sh OUTDIR
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-out}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1 COLUMNS=200
+{ date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+} >"$OUT/env.txt" 2>&1
+rm -rf ~/.triton/cache .stamp-python3
+timed() {  # timed NAME CAP CMD...
+    local name=$1 cap=$2; shift 2; local t0=$(date +%s.%N)
+    timeout --signal=INT --kill-after=20 "$cap" "$@" >"$OUT/$name.log" 2>&1; local rc=$?
+    printf 'step %s: rc=%s in %.1fs (cap %ss)\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" "$cap" | tee -a "$OUT/steps.txt"
+}
+timed sweep-cold 240 make sweep PY=python3 SWEEP_ARGS="--no-progress --report $OUT/sweep-cold.jsonl"
+timed sweep-warm 200 make sweep PY=python3 SWEEP_ARGS="--no-progress"
+timed pytest 300 make test PY=python3 PYTEST_ARGS="-n auto --dist loadgroup -q -p no:cacheprovider -rfEx"
+for f in sweep-cold sweep-warm; do tail -3 "$OUT/$f.log"; done; tail -4 "$OUT/pytest.log"; grep -E "FAILED|ERROR" "$OUT/pytest.log" | head -20
