@@ -138,8 +138,12 @@ def check_decode_attention_arguments(
         )
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise DTypeError("scale", "a real number (float)", type(scale).__name__)
-    if not math.isfinite(float(scale)):
-        raise ArgumentError("scale", "a finite float", scale)
+    try:
+        finite = math.isfinite(fp32_scale(scale))  # the kernel (and the reference) use it in fp32
+    except OverflowError:  # an int past fp64's range
+        finite = False
+    if not finite:
+        raise ArgumentError("scale", "a float finite in fp32 (|scale| <= 3.4e38)", scale)
     max_pages = block_table.shape[1]
     shape = AttentionShape(
         num_requests,

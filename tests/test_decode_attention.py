@@ -532,3 +532,37 @@ def test_merge_order_is_bitwise_and_order_sensitive(case):
         down = _merge_equal_weights(partials, descending=True).repeat_interleave(group, dim=0).to(o.dtype)
         held = mask[r, -1].cpu()
         assert not (down == want[r, -1].cpu())[held].any()
+
+
+# --- regressions (adversarial review) -----------------------------------------------------------
+
+
+@any_lane
+@pytest.mark.parametrize("poison", ["q_nan", "k_nan", "q_inf", "scores_overflow"])
+def test_non_finite_scores_give_nan_never_an_empty_context(poison):
+    """A NaN or infinite score (NaN/inf in q or an attended key, or a product past fp32's range)
+    makes the token's outputs NaN -- never the (0, -inf) of an empty context, which a caller
+    cannot tell from a real one.  The reference, in fp64, gives NaN for the first three."""
+    batch = component.build(case_of(R=3, Q=1, Hq=4, Hkv=1, lengths="equal", longest=40), DEVICE)
+    kw = batch.kwargs()
+    q, k = kw["q"].clone(), kw["k_cache"].clone()
+    if poison == "q_nan":
+        q[1, 0, 2, 3] = math.nan
+    elif poison == "q_inf":
+        q[1, 0, 2, 3] = math.inf
+    elif poison == "k_nan":
+        page = int(kw["block_table"][1, 0])
+        k[page, 5, 0, 3] = math.nan  # position 5 of request 1, kv head 0: every q head attends it
+    else:
+        q[1] = 2.0**64 * q[1].sign()
+        page = int(kw["block_table"][1, 0])
+        k[page, :, 0] = 2.0**64
+    o, lse = fast(**{**kw, "q": q, "k_cache": k})
+    heads = [2] if poison in ("q_nan", "q_inf") else [0, 1, 2, 3]
+    for h in heads:
+        assert bool(lse[1, 0, h].isnan()), f"{poison}: lse of head {h} is {float(lse[1, 0, h])}"
+        assert bool(o[1, 0, h].isnan().all()), f"{poison}: o of head {h} is not NaN"
+    untouched = [0, 2]
+    ref = fast(**kw)
+    for r in untouched:  # the other requests keep their bits
+        assert torch.equal(o[r], ref[0][r]) and torch.equal(lse[r], ref[1][r])

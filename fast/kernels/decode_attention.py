@@ -144,9 +144,11 @@ def decode_attention_split_kernel(
                 pv = tl.dot(p, v.to(tl.float32), input_precision="tf32x3")
             acc = acc * alpha[:, None] + pv
             m = m_new
-        live = l_sum > 0
-        lse = tl.where(live, m + tl.log(l_sum), NEG_INF)
-        o = tl.where(live[:, None], acc / l_sum[:, None], 0.0)
+        # No attended slot: (0, -inf).  A NaN sum (a NaN or infinite score) stays NaN: it must
+        # never read as an empty split.
+        empty = l_sum == 0
+        lse = tl.where(empty, NEG_INF, m + tl.log(l_sum))
+        o = tl.where(empty[:, None], 0.0, acc / l_sum[:, None])
         rows = (token.to(tl.int64) * num_kv_heads + kv_head) * GROUP + g  # [BLOCK_G]
         ws_row = rows * max_splits + split
         tl.store(ws_lse_ptr + ws_row, lse, mask=g_ok)
@@ -185,15 +187,15 @@ def decode_attention_merge_kernel(
     for s in range(0, num_splits):
         lse_s = tl.load(ws_lse_ptr + row * max_splits + s)
         o_s = tl.load(ws_o_ptr + (row * max_splits + s) * HEAD_DIM + d)
-        live = lse_s > NEG_INF  # an empty split changes nothing, not even a zero's sign
+        live = lse_s != NEG_INF  # an empty split changes nothing, not even a zero's sign; NaN is live
         m_new = tl.maximum(m, lse_s)
         alpha = tl.exp(m - m_new)  # 0 for the first live split
         w = tl.exp(lse_s - m_new)
         acc = tl.where(live, acc * alpha + w * o_s, acc)
         l_sum = tl.where(live, l_sum * alpha + w, l_sum)
         m = tl.where(live, m_new, m)
-    has = l_sum > 0
-    o = tl.where(has, acc / l_sum, 0.0)
-    lse = tl.where(has, m + tl.log(l_sum), NEG_INF)
+    empty = l_sum == 0  # no live split; a NaN sum stays NaN
+    o = tl.where(empty, 0.0, acc / l_sum)
+    lse = tl.where(empty, NEG_INF, m + tl.log(l_sum))
     tl.store(o_ptr + row * HEAD_DIM + d, round_to(o, o_ptr.dtype.element_ty))
     tl.store(lse_ptr + row, lse)

@@ -64,7 +64,7 @@ def cases(lane: Lane) -> list[Case]:
             (3, 1, 4, 1, 16, "one_huge", 0, "bfloat16"),
             (3, 1, 4, 1, 16, "mixed", 24, "bfloat16"),
             (9, 2, 4, 1, 16, "edges", 40, "float16"),
-            (3, 1, 4, 1, 16, "merge_order", 0, "bfloat16"),
+            (3, 1, 4, 1, 16, "merge_order", 0, "bfloat16"),  # (longest: its neighbours' scale)
             (2, 2, 2, 2, 16, "merge_order", 0, "float16"),
         ):
             out.append(
@@ -112,7 +112,7 @@ def cases(lane: Lane) -> list[Case]:
                 page_size=page_size,
                 dtype=dtype,
                 lengths="merge_order",
-                longest=0,
+                longest=1024,  # unused by the design; the scale of its co_batch neighbours
                 sparse_k=0,
             )
         )
@@ -391,7 +391,10 @@ NEIGHBOUR_MIXES: tuple[str, ...] = ("long", "short", "equal", "one_huge")
 HUGE_FACTOR: dict[bool, int] = {True: 4, False: 2}
 #: ... but at most this long when ``longest`` is shorter (a 255-request co-batch cycles the mix's
 #: requests, so it holds the huge one ~32 times; the padded SDPA baseline must still fit).
-HUGE_CAP = 65536
+HUGE_CAP = 16384
+#: The longest context of the ``long`` and ``equal`` mixes (GPU cases reach 32768 on their own:
+#: eight such neighbours per check made the GPU sweep's co_batch and slot checks its slowest).
+NEIGHBOUR_LONGEST_CAP = 4096
 #: Requests per neighbour case (at least the case's R): a co-batch of up to 7 others draws each
 #: once on the cpu lane; larger co-batches cycle them.
 NEIGHBOUR_REQUESTS = 8
@@ -402,12 +405,12 @@ def neighbours(case: Case, lane: Lane) -> dict[str, Case]:
     ``case``'s shape axes (Q, Hq, Hkv, D, page_size, dtype, sparse_k) and a seed derived from
     its seed: ``long`` (uniform in [Q, longest]), ``short`` (uniform in [Q, Q + 16]), ``equal``
     (every request at ``longest``) and ``one_huge`` (short ones and one at :data:`HUGE_FACTOR`
-    times ``longest``, at most :data:`HUGE_CAP` unless ``longest`` is more, past every request of
-    the case)."""
+    times ``longest``, at most :data:`HUGE_CAP`); ``longest`` capped at
+    :data:`NEIGHBOUR_LONGEST_CAP` for the ``long`` and ``equal`` mixes."""
     a = dict(case.axes)
     r_count = max(int(a["R"]), NEIGHBOUR_REQUESTS)
-    longest = int(a["longest"])
-    huge = max(longest, min(longest * HUGE_FACTOR[lane.is_gpu], HUGE_CAP))
+    longest = min(int(a["longest"]), NEIGHBOUR_LONGEST_CAP)
+    huge = max(longest, min(int(a["longest"]) * HUGE_FACTOR[lane.is_gpu], HUGE_CAP))
     kinds = {
         "long": ("mixed", longest),
         "short": ("short", longest),
@@ -534,6 +537,8 @@ def error_cases(device: torch.device) -> list[ErrorCase]:
         ErrorCase("indices_int64", bad(indices=idx_ok.long()), DTypeError, "'indices'"),
         ErrorCase("scale_bool", bad(scale=True), DTypeError, "'scale'"),
         ErrorCase("scale_nan", bad(scale=math.nan), ArgumentError, "'scale'"),
+        ErrorCase("scale_inf_in_fp32", bad(scale=1e300), ArgumentError, "'scale'"),
+        ErrorCase("scale_past_fp64", bad(scale=10**400), ArgumentError, "'scale'"),
         ErrorCase("q_rank", bad(q=q[:, 0]), ArgumentError, "'q'"),
         ErrorCase(
             "head_dim_mismatch", bad(k_cache=k[..., :8], v_cache=v[..., :8]), ArgumentError, "'k_cache'"
