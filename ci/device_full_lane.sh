@@ -10,9 +10,10 @@ OUT=${1:-out}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1 COLUMNS=200
 } >"$OUT/env.txt" 2>&1
 rm -rf ~/.triton/cache .stamp-python3
 timed() {  # timed NAME CAP CMD...
-    local name=$1 cap=$2; shift 2; local t0=$(date +%s.%N)
+    local name=$1 cap=$2; shift 2; local t0; t0=$(date +%s%N)
     timeout --signal=INT --kill-after=20 "$cap" "$@" >"$OUT/$name.log" 2>&1; local rc=$?
-    printf 'step %s: rc=%s in %.1fs (cap %ss)\n' "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" "$cap" | tee -a "$OUT/steps.txt"
+    local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    echo "step $name: rc=$rc in $((ms / 1000)).$(printf '%03d' $((ms % 1000)))s (cap ${cap}s)" | tee -a "$OUT/steps.txt"
 }
 timed sweep-cold 240 make sweep PY=python3 SWEEP_ARGS="--no-progress --report $OUT/sweep-cold.jsonl"
 timed sweep-warm 200 make sweep PY=python3 SWEEP_ARGS="--no-progress"
