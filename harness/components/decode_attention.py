@@ -374,7 +374,9 @@ def build_on_device(case: Case, device: torch.device) -> Batch:
     dev_gen = torch.Generator(device=device).manual_seed(case.seed)
     dtype = DTYPES[a["dtype"]]
     r_count, q_len, hq, hkv, d, page_size = a["R"], a["Q"], a["Hq"], a["Hkv"], a["D"], a["page_size"]
-    lens = _lengths(a["lengths"], r_count, q_len, a["longest"], case.seed, gen)
+    if a["lengths"] == "merge_order":
+        raise ValueError("fill='device': merge_order cases are built on the host (build)")
+    lens = _lengths(a["lengths"], r_count, q_len, a["longest"], case.seed, gen, 0)
     need = _pages_needed(lens, page_size)
     num_pages = sum(need) + 1
     table = torch.full((r_count, max(need) + 1), -1, dtype=torch.int32)
