@@ -139,7 +139,7 @@ def check_decode_attention_arguments(
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise DTypeError("scale", "a real number (float)", type(scale).__name__)
     try:
-        finite = math.isfinite(fp32_scale(scale))  # the kernel (and the reference) use it in fp32
+        finite = math.isfinite(fp32_scale(float(scale)))  # the kernel (and the reference) use it in fp32
     except OverflowError:  # an int past fp64's range
         finite = False
     if not finite:

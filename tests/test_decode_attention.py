@@ -8,7 +8,9 @@ The component is not in the registry yet; these tests drive its pieces directly.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -466,19 +468,93 @@ def test_merge_order_cases_exist_on_the_lane(lane):
     assert all(c.axes["sparse_k"] == 0 for c in cases)
 
 
+def _merge_in_order(partials: torch.Tensor, order: Sequence[int]) -> torch.Tensor:
+    """The merge kernel's arithmetic with all merge weights exp(0) = 1, splits taken in ``order``."""
+    acc = torch.zeros(partials.shape[1:], dtype=torch.float32)
+    for s in order:
+        acc = acc + partials[s]
+    return acc / partials.shape[0]
+
+
+def _merge_pairwise_tree(partials: torch.Tensor) -> torch.Tensor:
+    return ((partials[0] + partials[1]) + (partials[2] + partials[3])) / partials.shape[0]
+
+
+#: The merge orders no design can tell from ascending: those that only swap the first two merged
+#: splits (with weights exactly 1 the first two merges are 0 + a and a + b; fp32 '+' commutes).
+_ASCENDING_EQUIVALENT = {(0, 1, 2, 3), (1, 0, 2, 3)}
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_merge_order_values_are_exact_ascending_and_round_descending(dtype):
     big, small = component._MERGE_VALUES[dtype]
-    for odd in (1, 3, 5, 7):
-        for sign in (1.0, -1.0):
-            v = torch.tensor([big, -big, odd * small, 0.0], dtype=torch.float64) * sign
-            assert torch.equal(v.to(dtype).double(), v), "a design value is not exact in the dtype"
-            exact = v.sum() / 4
-            up = _merge_equal_weights(v.float(), descending=False)
-            down = _merge_equal_weights(v.float(), descending=True)
-            assert up.double() == exact and up.to(dtype).double() == exact
-            assert down.to(dtype).double() != exact
-            assert abs(float(exact)) >= 2.0**-14  # a normal number of either output dtype
+    for pattern in component._MERGE_PATTERNS:
+        for odd in (1, 3, 5, 7):
+            for sign in (1.0, -1.0):
+                v = torch.tensor(
+                    [sign * (b * big + m * odd * small) for b, m in pattern], dtype=torch.float64
+                )
+                assert torch.equal(v.to(dtype).double(), v), "a design value is not exact in the dtype"
+                exact = v.sum() / 4
+                up = _merge_equal_weights(v.float(), descending=False)
+                down = _merge_equal_weights(v.float(), descending=True)
+                assert up.double() == exact and up.to(dtype).double() == exact
+                assert down.to(dtype).double() != exact
+                assert abs(float(exact)) >= 2.0**-14  # a normal number of either output dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_merge_order_patterns_together_catch_every_other_order(dtype):
+    """Exhaustive fp32 emulation over the 24 orders: each pattern catches (for every sign and odd
+    multiple) the orders that do not merge its small split after both big splits; together every
+    order but ascending and (1, 0, 2, 3), and the pairwise tree."""
+    big, small = component._MERGE_VALUES[dtype]
+    orders = list(itertools.permutations(range(component.MERGE_SPLITS)))
+    caught: set[tuple[int, ...]] = set()
+    tree_caught = False
+    for pattern in component._MERGE_PATTERNS:
+        small_split = next(s for s, (_, m) in enumerate(pattern) if m)
+        big_splits = [s for s, (b, _) in enumerate(pattern) if b]
+        expected = {p for p in orders if p.index(small_split) < max(p.index(s) for s in big_splits)}
+        for odd in (1, 3, 5, 7):
+            for sign in (1.0, -1.0):
+                v = torch.tensor([sign * (b * big + m * odd * small) for b, m in pattern]).float()
+                want = _merge_in_order(v, range(4)).to(dtype)
+                differ = {p for p in orders if not torch.equal(_merge_in_order(v, p).to(dtype), want)}
+                assert differ == expected, (pattern, odd, sign)
+                caught |= differ
+                tree_caught |= not torch.equal(_merge_pairwise_tree(v).to(dtype), want)
+    assert caught == set(orders) - _ASCENDING_EQUIVALENT
+    assert tree_caught
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("seed", [0, 1, 6])
+@pytest.mark.parametrize("which", [0, 1])
+def test_merge_order_design_distinguishes_every_other_merge_order(which, seed):
+    """(Review F4.)  In every kv head of every request of a built case, every merge order but
+    ascending and (1, 0, 2, 3), and the pairwise tree, give other bits in some channel."""
+    case = _merge_order_cases(Lane.CPU)[which].with_seed(seed)
+    batch = component.build(case, torch.device("cpu"))
+    kw = batch.kwargs()
+    split = decode_attention_config(arch(torch.device("cpu")), case.axes["D"], kw["q"].dtype).split_tokens
+    page_size = kw["k_cache"].shape[1]
+    for r in range(case.axes["R"]):
+        n = int(kw["seq_lens"][r])
+        v = kw["v_cache"][kw["block_table"][r, : n // page_size].long()].reshape(n, case.axes["Hkv"], -1)
+        partials = v.float().reshape(n // split, split, *v.shape[1:])[:, 0]  # [4, Hkv, D]
+        want = _merge_in_order(partials, range(4)).to(kw["q"].dtype)
+        for head in range(case.axes["Hkv"]):
+            same = [
+                p
+                for p in itertools.permutations(range(4))
+                if p not in _ASCENDING_EQUIVALENT
+                and torch.equal(_merge_in_order(partials, p).to(want.dtype)[head], want[head])
+            ]
+            tree_same = torch.equal(_merge_pairwise_tree(partials).to(want.dtype)[head], want[head])
+            assert not same and not tree_same, f"request {r}, kv head {head}: {same}, tree: {tree_same}"
+            swapped = _merge_in_order(partials, (1, 0, 2, 3)).to(want.dtype)[head]
+            assert torch.equal(swapped, want[head])  # the one order no design can tell apart
 
 
 @pytest.mark.cpu

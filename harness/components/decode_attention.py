@@ -216,6 +216,28 @@ _MERGE_VALUES: dict[torch.dtype, tuple[float, float]] = {
     torch.float16: (2.0**14, 2.0**-11),
 }
 
+#: ``merge_order`` patterns: per split s, ``(b, m)``: split s holds ``sign * (b * big + m * odd *
+#: small)``.  In each, the two bigs come before the small in ascending order (and cancel before it
+#: is added), so the ascending fp32 merge is exact; any order that adds the small to an
+#: accumulator holding a lone big rounds (25 bits) and ends elsewhere: the pattern catches exactly
+#: the orders where the small split is not merged after both big splits (zeros add nothing).
+#:
+#: * ``(big, -big, small, 0)``: orders merging split 2 before split 0 or split 1;
+#: * ``(big, -big, 0, small)``: split 3 before split 0 or split 1;
+#: * ``(big, 0, -big, small)``: split 3 before split 0 or split 2 (and the pairwise tree);
+#: * ``(0, big, -big, small)``: split 3 before split 1 or split 2 (and the pairwise tree).
+#:
+#: Together: every order except ascending and (1, 0, 2, 3) -- the only other order with split 2
+#: after splits 0 and 1 and split 3 last -- and the pairwise tree ``(s0 + s1) + (s2 + s3)``.
+#: (1, 0, 2, 3) can never differ: with every merge weight exactly 1 the first two merges are
+#: ``0 + a`` and ``a + b``, and fp32 addition is commutative.
+_MERGE_PATTERNS: tuple[tuple[tuple[int, int], ...], ...] = (
+    ((1, 0), (-1, 0), (0, 1), (0, 0)),
+    ((1, 0), (-1, 0), (0, 0), (0, 1)),
+    ((1, 0), (0, 0), (-1, 0), (0, 1)),
+    ((0, 0), (1, 0), (-1, 0), (0, 1)),
+)
+
 
 def _merge_order_kv(
     k_cache: torch.Tensor,
@@ -228,16 +250,22 @@ def _merge_order_kv(
     """Overwrite the referenced KV of a ``merge_order`` batch (in place, CPU tensors) with the
     order-exact design: every key 0 (every score 0, so each split's softmax weights are exp(0) = 1
     and every full split has the same lse: every merge weight is exp(0) = 1); all positions of
-    split s hold ``v_s`` in a channel, with ``v = sign * (big, -big, m * small, 0)`` per (request,
-    kv head, channel), ``sign`` = +-1 and ``m`` in {1, 3, 5, 7} from ``gen``.
+    split s hold ``v_s`` in a channel, with ``v`` per (request, kv head, channel) one of the
+    :data:`_MERGE_PATTERNS` -- pattern ``(c + r) % 4`` in channel c of request r, so every kv head
+    of every request holds each pattern (D >= 4) -- times ``sign`` = +-1, its small times ``m`` in
+    {1, 3, 5, 7}, both from ``gen``.
 
-    Each partial o_s = v_s exactly, the ascending fp32 merge sums big - big + m small + 0 exactly
-    and divides by 4 exactly, so o is the fp64 reference ``sign * m * small / 4`` rounded once; a
-    merge in another order adds ``m * small`` to ``-big`` first, which fp32 rounds (25 bits), and
-    ends elsewhere.  :func:`exact` holds these o bitwise.  The lengths must be ``MERGE_SPLITS *
-    split_tokens`` (whole pages: no NaN tail)."""
+    Each partial o_s = v_s exactly, the ascending fp32 merge cancels the two bigs before it adds
+    ``m * small`` and divides by 4 exactly, so o is the fp64 reference ``sign * m * small / 4``
+    rounded once; a merge in another order that adds ``m * small`` to a lone big rounds (25 bits)
+    and ends elsewhere.  The patterns together catch every order of the 4 splits other than
+    ascending and (1, 0, 2, 3), in every kv head of every request, and the pairwise tree; no
+    design can catch (1, 0, 2, 3): with merge weights exactly 1 its first two merges are ``0 + v_1``
+    and ``v_1 + v_0``, and fp32 addition is commutative.  :func:`exact` holds these o bitwise.
+    The lengths must be ``MERGE_SPLITS * split_tokens`` (whole pages: no NaN tail)."""
     big, small = _MERGE_VALUES[v_cache.dtype]
     page_size, hkv, d = v_cache.shape[1], v_cache.shape[2], v_cache.shape[3]
+    patterns = torch.tensor(_MERGE_PATTERNS, dtype=torch.float64)  # [P, MERGE_SPLITS, 2]
     for r, length in enumerate(lens):
         if length != MERGE_SPLITS * split_tokens or split_tokens % page_size:
             raise ValueError(
@@ -245,9 +273,9 @@ def _merge_order_kv(
             )
         sign = torch.randint(2, (hkv, d), generator=gen).to(torch.float64) * 2 - 1
         odd = torch.randint(4, (hkv, d), generator=gen).to(torch.float64) * 2 + 1
-        per_split = torch.stack(
-            [sign * big, -sign * big, sign * odd * small, torch.zeros(hkv, d, dtype=torch.float64)]
-        )
+        chosen = patterns[(torch.arange(d) + r) % len(_MERGE_PATTERNS)]  # [D, MERGE_SPLITS, 2]
+        bigs, smalls = chosen[..., 0].T, chosen[..., 1].T  # [MERGE_SPLITS, D]
+        per_split = sign * (bigs[:, None] * big + smalls[:, None] * odd * small) + 0.0  # no -0
         values = per_split.repeat_interleave(split_tokens, dim=0)  # [L, Hkv, D]
         ids = table[r, : length // page_size].to(torch.int64)
         k_cache[ids] = 0.0
@@ -346,7 +374,9 @@ def build_on_device(case: Case, device: torch.device) -> Batch:
     dev_gen = torch.Generator(device=device).manual_seed(case.seed)
     dtype = DTYPES[a["dtype"]]
     r_count, q_len, hq, hkv, d, page_size = a["R"], a["Q"], a["Hq"], a["Hkv"], a["D"], a["page_size"]
-    lens = _lengths(a["lengths"], r_count, q_len, a["longest"], case.seed, gen)
+    if a["lengths"] == "merge_order":
+        raise ValueError("fill='device': merge_order cases are built on the host (build)")
+    lens = _lengths(a["lengths"], r_count, q_len, a["longest"], case.seed, gen, 0)
     need = _pages_needed(lens, page_size)
     num_pages = sum(need) + 1
     table = torch.full((r_count, max(need) + 1), -1, dtype=torch.int32)
@@ -731,8 +761,10 @@ COMPONENT = Component(
             "exp(0) = 1, its partial o_s is its constant value exactly and every full split has the "
             "same lse, so every merge weight is exp(0) = 1; the ascending fp32 merge adds values whose "
             "prefix sums are fp32 values (checked) and divides by a power of two: o is the fp64 "
-            "reference rounded once, bitwise; a merge in another order rounds (the design cancels "
-            "2**25-apart values first)"
+            "reference rounded once, bitwise; every other merge order (but the one swapping the first "
+            "two splits, which commutative fp32 addition cannot tell apart) and the pairwise tree add "
+            "the small value to a lone big value 2**25 larger in some channel of every kv head, which "
+            "rounds"
         ),
     ),
     dtypes=(torch.bfloat16, torch.float16),
