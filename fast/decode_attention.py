@@ -221,11 +221,14 @@ def decode_attention(
 
     Parameters
     ----------
-    q : Tensor, (R, Q, Hq, D), bfloat16 or float16; D in the table (64/128/256 on GPUs)
-    k_cache, v_cache : Tensor, (P, S, Hkv, D), q's dtype; any page order
+    q : Tensor, (R, Q, Hq, D), bfloat16 or float16; Q >= 1 new tokens per request (causal
+        among themselves); D in the table: 64/128/256 on GPUs, 16/32/64/128/256 in the Triton
+        interpreter (the cpu lane)
+    k_cache, v_cache : Tensor, (P, S, Hkv, D) -- pages, slots per page, kv heads, D: the vLLM
+        "NHD" page layout, not (P, Hkv, S, D) -- q's dtype; any page order
     block_table : Tensor, (R, T), int32; entries past ``ceil(L / S)`` are never read
-    seq_lens : Tensor, (R,), int32, ``Q <= L <= T * S``
-    scale : float, finite (used in fp32)
+    seq_lens : Tensor, (R,), int32, ``Q <= L <= T * S`` (the context including the Q new tokens)
+    scale : float, finite in fp32 (used in fp32)
     indices : Tensor, (R, Q, K), int32, optional: sparse mode, positions in ``[0, L)`` or -1
 
     Returns
@@ -240,7 +243,12 @@ def decode_attention(
     and rounds o once.  A request's output bits are therefore invariant along every batch axis:
     the other requests (number, lengths, contents), its slot in the batch, the physical pages
     its KV lives in and the table's padding, and earlier calls.  An empty context (sparse, all
-    indices -1) gives o = +0, lse = -inf, never NaN.  Unreferenced memory (other pages, table
+    indices -1) gives o = +0, lse = -inf, never NaN; a NaN or infinite score (NaN or inf in q
+    or an attended key, a scale that overflows the fp32 scores) gives NaN o and lse, never the
+    empty context's pair.  The scores are fp32: inputs whose products ``|q_d k_d|`` exceed
+    fp32's range (|q|, |k| ~ 1e19) are outside the contract -- tensor cores may return finite,
+    wrong scores for them, and the launcher does not scan the caches for such values (that
+    would double the bytes a decode step reads).  Unreferenced memory (other pages, table
     padding, the tail of the last page, index slots of -1) is never read.  Under CUDA-graph
     capture the value checks are skipped; an index past the length is then ignored.
 
@@ -249,9 +257,17 @@ def decode_attention(
     DTypeError, ArgumentError, DeviceError
         As :func:`batchinv.reference.decode_attention.check_decode_attention_arguments`; also
         an ArgumentError for a head dim outside the table, and a DeviceError for a non-CUDA
-        tensor (CPU tensors are accepted under ``TRITON_INTERPRET=1``).
+        tensor (CPU tensors are accepted when ``TRITON_INTERPRET=1`` was set before triton,
+        i.e. batchinv.fast, was first imported).
 
-    Source: flash-decoding (Dao et al. 2023) with the split size pinned (seed write-up 003).
+    Example (cpu lane)::
+
+        import os; os.environ["TRITON_INTERPRET"] = "1"  # before importing batchinv.fast
+        from batchinv.fast.decode_attention import decode_attention
+        o, lse = decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale=D**-0.5)
+
+    Source: flash-decoding (Dao et al. 2023) with the split size pinned, as SGLang's and vLLM's
+    batch-invariant modes do for their attention backends (docs/BENCHMARKS.md has the speed).
     """
     shape = check_decode_attention_arguments(q, k_cache, v_cache, block_table, seq_lens, scale, indices)
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):

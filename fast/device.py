@@ -22,6 +22,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+#: Whether the interpreter was on when this module (and with it triton) was first imported:
+#: Triton reads ``TRITON_INTERPRET`` when its kernels are decorated, so setting it later has no
+#: effect on them.
+INTERPRETING_AT_IMPORT = interpreting()
+
+
 def check_launch_device(argument: str, tensor: torch.Tensor) -> None:
     """Raise :class:`DeviceError` unless ``tensor`` can be a kernel operand here.
 
@@ -30,10 +36,17 @@ def check_launch_device(argument: str, tensor: torch.Tensor) -> None:
     if tensor.device.type == "cuda":
         return
     if tensor.device.type == "cpu" and interpreting():
+        if not INTERPRETING_AT_IMPORT:
+            raise DeviceError(
+                argument,
+                "a CUDA tensor; a CPU tensor needs TRITON_INTERPRET=1 set BEFORE batchinv.fast "
+                "(and triton) is first imported -- it was set afterwards",
+                f"a tensor on {tensor.device}",
+            )
         return
     raise DeviceError(
         argument,
-        "a CUDA tensor (or a CPU tensor with TRITON_INTERPRET=1)",
+        "a CUDA tensor (or a CPU tensor with TRITON_INTERPRET=1 set before importing batchinv.fast)",
         f"a tensor on {tensor.device}",
     )
 

@@ -26,6 +26,7 @@ from batchinv.harness.plugin import current_lane
 from batchinv.harness.registry import Batch, Case
 from batchinv.reference.decode_attention import attention_bound
 from batchinv.reference.decode_attention import decode_attention as reference
+from batchinv.reference.errors import DeviceError
 
 LANE = current_lane()
 DEVICE = torch.device("cpu" if LANE is Lane.CPU else "cuda")
@@ -614,11 +615,13 @@ def test_merge_order_is_bitwise_and_order_sensitive(case):
 
 
 @any_lane
-@pytest.mark.parametrize("poison", ["q_nan", "k_nan", "q_inf", "scores_overflow"])
+@pytest.mark.parametrize("poison", ["q_nan", "k_nan", "q_inf", "scale_overflow"])
 def test_non_finite_scores_give_nan_never_an_empty_context(poison):
-    """A NaN or infinite score (NaN/inf in q or an attended key, or a product past fp32's range)
-    makes the token's outputs NaN -- never the (0, -inf) of an empty context, which a caller
-    cannot tell from a real one.  The reference, in fp64, gives NaN for the first three."""
+    """A NaN or infinite score (NaN/inf in q or an attended key, or a scale that takes the fp32
+    scores past fp32's range) makes the token's outputs NaN -- never the (0, -inf) of an empty
+    context, which a caller cannot tell from a real one.  The reference, in fp64, gives NaN for
+    the first three.  (Products of q and k past fp32's range are outside the contract: see the
+    ``decode_attention`` docstring.)"""
     batch = component.build(case_of(R=3, Q=1, Hq=4, Hkv=1, lengths="equal", longest=40), DEVICE)
     kw = batch.kwargs()
     q, k = kw["q"].clone(), kw["k_cache"].clone()
@@ -629,16 +632,29 @@ def test_non_finite_scores_give_nan_never_an_empty_context(poison):
     elif poison == "k_nan":
         page = int(kw["block_table"][1, 0])
         k[page, 5, 0, 3] = math.nan  # position 5 of request 1, kv head 0: every q head attends it
-    else:
-        q[1] = 2.0**64 * q[1].sign()
-        page = int(kw["block_table"][1, 0])
-        k[page, :, 0] = 2.0**64
-    o, lse = fast(**{**kw, "q": q, "k_cache": k})
+    scale = kw["scale"]
+    if poison == "scale_overflow":  # finite in fp32, but every score times it overflows
+        scale = 3.0e38
+        q[1] = q[1].abs() + 1  # and no score of request 1 is 0 (0 * scale stays finite)
+        k[kw["block_table"][1, :3].long(), :, 0] = k[kw["block_table"][1, :3].long(), :, 0].abs() + 1
+    o, lse = fast(**{**kw, "q": q, "k_cache": k, "scale": scale})
     heads = [2] if poison in ("q_nan", "q_inf") else [0, 1, 2, 3]
     for h in heads:
         assert bool(lse[1, 0, h].isnan()), f"{poison}: lse of head {h} is {float(lse[1, 0, h])}"
         assert bool(o[1, 0, h].isnan().all()), f"{poison}: o of head {h} is not NaN"
-    untouched = [0, 2]
+    untouched = [] if poison == "scale_overflow" else [0, 2]
     ref = fast(**kw)
     for r in untouched:  # the other requests keep their bits
         assert torch.equal(o[r], ref[0][r]) and torch.equal(lse[r], ref[1][r])
+
+
+@pytest.mark.cpu
+def test_interpreter_switched_on_after_import_is_a_device_error_that_says_so(monkeypatch):
+    """TRITON_INTERPRET=1 set after batchinv.fast was imported cannot take effect (Triton read it
+    at import): the launcher says so instead of failing inside Triton (new-user walkthrough)."""
+    import batchinv.fast.device as device
+
+    monkeypatch.setattr(device, "INTERPRETING_AT_IMPORT", False)
+    batch = component.build(case_of(R=1), torch.device("cpu"))
+    with pytest.raises(DeviceError, match=r"BEFORE batchinv\.fast"):
+        fast(**batch.kwargs())
