@@ -425,9 +425,10 @@ HUGE_CAP = 16384
 #: The longest context of the ``long`` and ``equal`` mixes (GPU cases reach 32768 on their own:
 #: eight such neighbours per check made the GPU sweep's co_batch and slot checks its slowest).
 NEIGHBOUR_LONGEST_CAP = 4096
-#: Requests per neighbour case (at least the case's R): a co-batch of up to 7 others draws each
-#: once on the cpu lane; larger co-batches cycle them.
-NEIGHBOUR_REQUESTS = 8
+#: Requests per neighbour case (at least the case's R), by lane (GPU: True): co-batches larger
+#: than a mix cycle its requests.  Four on the cpu lane: slot launches the whole mix five times
+#: per target, and the interpreter's cost grows with every request (slot was half the cpu sweep).
+NEIGHBOUR_REQUESTS: dict[bool, int] = {True: 8, False: 4}
 
 
 def neighbours(case: Case, lane: Lane) -> dict[str, Case]:
@@ -438,7 +439,7 @@ def neighbours(case: Case, lane: Lane) -> dict[str, Case]:
     times ``longest``, at most :data:`HUGE_CAP`); ``longest`` capped at
     :data:`NEIGHBOUR_LONGEST_CAP` for the ``long`` and ``equal`` mixes."""
     a = dict(case.axes)
-    r_count = max(int(a["R"]), NEIGHBOUR_REQUESTS)
+    r_count = max(int(a["R"]), NEIGHBOUR_REQUESTS[lane.is_gpu])
     longest = min(int(a["longest"]), NEIGHBOUR_LONGEST_CAP)
     huge = max(longest, min(int(a["longest"]) * HUGE_FACTOR[lane.is_gpu], HUGE_CAP))
     kinds = {
