@@ -44,6 +44,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "mean",
     "decode_attention",
     "moe_align",
+    "moe_combine",
 )
 
 #: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.
