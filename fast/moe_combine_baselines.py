@@ -25,7 +25,9 @@ from batchinv.reference.moe_combine import check_moe_combine_args
 TILE_TOKENS = 16
 
 
-def atomic_add_moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+def atomic_add_moe_combine(
+    expert_out: torch.Tensor, topk_weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """fp32 ``tl.atomic_add`` of each slot's contribution, then one cast (arrival order)."""
     num_tokens, top_k, hidden = check_moe_combine_args(expert_out, topk_weights)
     check_launch_device("expert_out", expert_out)
@@ -36,9 +38,17 @@ def atomic_add_moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor 
         block_h = MOE_COMBINE_BLOCK_H.get(arch(y.device), DEFAULT_BLOCK_H)
         with interpreter_quiet():
             moe_combine_atomic_kernel[(num_tokens, top_k, triton.cdiv(hidden, block_h))](
-                y, y if w is None else w, acc, hidden, y.stride(0), y.stride(1), y.stride(2),
-                0 if w is None else w.stride(0), 0 if w is None else w.stride(1),
-                HAS_WEIGHTS=w is not None, BLOCK_H=block_h,
+                y,
+                y if w is None else w,
+                acc,
+                hidden,
+                y.stride(0),
+                y.stride(1),
+                y.stride(2),
+                0 if w is None else w.stride(0),
+                0 if w is None else w.stride(1),
+                HAS_WEIGHTS=w is not None,
+                BLOCK_H=block_h,
             )
     return acc.to(y.dtype)
 
@@ -59,6 +69,8 @@ def token_count_dispatch_moe_combine(
             acc = acc + p
     else:
         while len(parts) > 1:
-            parts = [parts[i] + parts[i + 1] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+            parts = [
+                parts[i] + parts[i + 1] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)
+            ]
         acc = parts[0]
     return acc.to(expert_out.dtype)

@@ -50,9 +50,7 @@ def check_moe_align_args(
     if top_k < 1:
         raise ArgumentError("topk_ids", "top_k = topk_ids.shape[1] >= 1", top_k)
     if top_k > num_experts:
-        raise ArgumentError(
-            "topk_ids", f"top_k = topk_ids.shape[1] <= num_experts = {num_experts}", top_k
-        )
+        raise ArgumentError("topk_ids", f"top_k = topk_ids.shape[1] <= num_experts = {num_experts}", top_k)
     if check_values and topk_ids.numel():
         low, high = int(topk_ids.min()), int(topk_ids.max())
         if low < 0 or high >= num_experts:

@@ -72,7 +72,9 @@ def moe_align_scan_kernel(
 
 
 @triton.jit
-def moe_align_scatter_kernel(ids_ptr, base_ptr, sorted_ptr, n, num_experts, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
+def moe_align_scatter_kernel(
+    ids_ptr, base_ptr, sorted_ptr, n, num_experts, E_PAD: tl.constexpr, CHUNK: tl.constexpr
+):
     c = tl.program_id(0)
     local = tl.arange(0, CHUNK)
     offs = c * CHUNK + local

@@ -75,14 +75,25 @@ def moe_combine_kernel(
 
 @triton.jit
 def moe_combine_atomic_kernel(
-    y_ptr, w_ptr, acc_ptr, hidden, stride_yt, stride_yk, stride_yh, stride_wt, stride_wk,
-    HAS_WEIGHTS: tl.constexpr, BLOCK_H: tl.constexpr,
+    y_ptr,
+    w_ptr,
+    acc_ptr,
+    hidden,
+    stride_yt,
+    stride_yk,
+    stride_yh,
+    stride_wt,
+    stride_wk,
+    HAS_WEIGHTS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     h = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = h < hidden
-    y = widen_f32(tl.load(y_ptr + t * stride_yt + j * stride_yk + h.to(tl.int64) * stride_yh, mask=mask, other=0.0))
+    y = widen_f32(
+        tl.load(y_ptr + t * stride_yt + j * stride_yk + h.to(tl.int64) * stride_yh, mask=mask, other=0.0)
+    )
     if HAS_WEIGHTS:
         y = tl.load(w_ptr + t * stride_wt + j * stride_wk) * y
     tl.atomic_add(acc_ptr + t * hidden + h, y, mask=mask)

@@ -35,7 +35,9 @@ NAME = "moe_align"
 PATTERNS: tuple[str, ...] = ("random", "skewed", "one_expert", "duplicates")
 
 
-def build_ids(pattern: str, num_tokens: int, top_k: int, num_experts: int, gen: torch.Generator) -> torch.Tensor:
+def build_ids(
+    pattern: str, num_tokens: int, top_k: int, num_experts: int, gen: torch.Generator
+) -> torch.Tensor:
     """``topk_ids`` [T, k] int32 (CPU) of ``pattern``."""
     if pattern == "random":
         rows = [torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(num_tokens)]
@@ -45,8 +47,10 @@ def build_ids(pattern: str, num_tokens: int, top_k: int, num_experts: int, gen: 
         pool = torch.cat([pool, torch.tensor([num_experts - 1])])
         rows = [pool[torch.randperm(pool.numel(), generator=gen)[:top_k]] for _ in range(num_tokens)]
     elif pattern == "one_expert":
-        expert = num_experts - 1 if int(torch.randint(2, (1,), generator=gen)) else int(
-            torch.randint(num_experts, (1,), generator=gen)
+        expert = (
+            num_experts - 1
+            if int(torch.randint(2, (1,), generator=gen))
+            else int(torch.randint(num_experts, (1,), generator=gen))
         )
         return torch.full((num_tokens, top_k), expert, dtype=torch.int32)
     elif pattern == "duplicates":
@@ -72,10 +76,22 @@ def build(case: Case, device: torch.device) -> Batch:
 
 
 def make_case(
-    num_tokens: int, top_k: int, num_experts: int, block_m: int, pattern: str = "random",
-    layout: str = "contiguous", seed: int = 0,
+    num_tokens: int,
+    top_k: int,
+    num_experts: int,
+    block_m: int,
+    pattern: str = "random",
+    layout: str = "contiguous",
+    seed: int = 0,
 ) -> Case:
-    axes = {"T": num_tokens, "k": top_k, "E": num_experts, "block_m": block_m, "pattern": pattern, "layout": layout}
+    axes = {
+        "T": num_tokens,
+        "k": top_k,
+        "E": num_experts,
+        "block_m": block_m,
+        "pattern": pattern,
+        "layout": layout,
+    }
     return Case(NAME, axes, seed)
 
 
@@ -119,18 +135,29 @@ def error_cases(device: torch.device) -> Sequence[ErrorCase]:
     big = ids.clone()
     big[2, 1] = 4
     out = [
-        ErrorCase("id_negative", {**ok, "topk_ids": neg}, ArgumentError, r"'topk_ids'.*\[0, num_experts = 4\).*-1"),
-        ErrorCase("id_equal_to_E", {**ok, "topk_ids": big}, ArgumentError, r"'topk_ids'.*\[0, num_experts = 4\).*4"),
+        ErrorCase(
+            "id_negative", {**ok, "topk_ids": neg}, ArgumentError, r"'topk_ids'.*\[0, num_experts = 4\).*-1"
+        ),
+        ErrorCase(
+            "id_equal_to_E", {**ok, "topk_ids": big}, ArgumentError, r"'topk_ids'.*\[0, num_experts = 4\).*4"
+        ),
         ErrorCase("ids_int64", {**ok, "topk_ids": ids.long()}, DTypeError, r"'topk_ids'.*int32.*int64"),
         ErrorCase("ids_float", {**ok, "topk_ids": ids.float()}, DTypeError, r"'topk_ids'.*int32.*float32"),
         ErrorCase("ids_not_tensor", {**ok, "topk_ids": [[0, 1]]}, DTypeError, r"'topk_ids'.*torch\.Tensor"),
         ErrorCase("ids_rank_1", {**ok, "topk_ids": ids.reshape(-1)}, ArgumentError, r"'topk_ids'.*2-D.*1-D"),
         ErrorCase("ids_rank_3", {**ok, "topk_ids": ids[None]}, ArgumentError, r"'topk_ids'.*2-D.*3-D"),
         ErrorCase("top_k_zero", {**ok, "topk_ids": ids[:, :0]}, ArgumentError, r"'topk_ids'.*top_k.*>= 1.*0"),
-        ErrorCase("top_k_above_E", {**ok, "num_experts": 1}, ArgumentError, r"'topk_ids'.*top_k.*<= num_experts = 1.*2"),
+        ErrorCase(
+            "top_k_above_E",
+            {**ok, "num_experts": 1},
+            ArgumentError,
+            r"'topk_ids'.*top_k.*<= num_experts = 1.*2",
+        ),
         ErrorCase("num_experts_zero", {**ok, "num_experts": 0}, ArgumentError, r"'num_experts'.*>= 1.*0"),
         ErrorCase("num_experts_float", {**ok, "num_experts": 4.0}, DTypeError, r"'num_experts'.*int.*float"),
-        ErrorCase("block_m_not_power_of_two", {**ok, "block_m": 24}, ArgumentError, r"'block_m'.*power of two.*24"),
+        ErrorCase(
+            "block_m_not_power_of_two", {**ok, "block_m": 24}, ArgumentError, r"'block_m'.*power of two.*24"
+        ),
         ErrorCase("block_m_below_16", {**ok, "block_m": 8}, ArgumentError, r"'block_m'.*>= 16.*8"),
         ErrorCase("block_m_bool", {**ok, "block_m": True}, DTypeError, r"'block_m'.*int.*bool"),
         ErrorCase("ids_on_meta", {**ok, "topk_ids": ids.to("meta")}, DeviceError, r"'topk_ids'.*meta"),
@@ -145,7 +172,10 @@ def error_cases(device: torch.device) -> Sequence[ErrorCase]:
     if device.type == "cuda":
         out.append(
             ErrorCase(
-                "host_ids_on_gpu_path", {**ok, "topk_ids": ids.cpu()}, DeviceError, r"'topk_ids'.*CUDA.*cpu",
+                "host_ids_on_gpu_path",
+                {**ok, "topk_ids": ids.cpu()},
+                DeviceError,
+                r"'topk_ids'.*CUDA.*cpu",
                 applies_to=("fast",),
             )
         )

@@ -79,9 +79,10 @@ def build_values(
             y64[:, 0] = big
             if top_k >= 2:
                 y64[:, 1] = -big
-                w[:, 1] = (w[:, 0].view(torch.int32) + torch.randint(1, 200, (num_tokens,), generator=gen, dtype=torch.int32)).view(
-                    torch.float32
-                )
+                w[:, 1] = (
+                    w[:, 0].view(torch.int32)
+                    + torch.randint(1, 200, (num_tokens,), generator=gen, dtype=torch.int32)
+                ).view(torch.float32)
         if dtype == torch.float16:  # fp16 holds no 2**50: scale the pattern into its range
             y64 = y64 * 2.0**-40
         return y64.to(dtype), w
@@ -102,11 +103,24 @@ def build(case: Case, device: torch.device) -> Batch:
 
 
 def make_case(
-    num_tokens: int, top_k: int, hidden: int, dtype: str = "bfloat16", values: str = "normal",
-    weights: bool = True, layout: str = "contiguous", seed: int = 0,
+    num_tokens: int,
+    top_k: int,
+    hidden: int,
+    dtype: str = "bfloat16",
+    values: str = "normal",
+    weights: bool = True,
+    layout: str = "contiguous",
+    seed: int = 0,
 ) -> Case:
-    axes = {"T": num_tokens, "k": top_k, "H": hidden, "dtype": dtype, "values": values,
-            "weights": weights, "layout": layout}
+    axes = {
+        "T": num_tokens,
+        "k": top_k,
+        "H": hidden,
+        "dtype": dtype,
+        "values": values,
+        "weights": weights,
+        "layout": layout,
+    }
     return Case(NAME, axes, seed)
 
 
@@ -153,15 +167,31 @@ def error_cases(device: torch.device) -> Sequence[ErrorCase]:
         ErrorCase("y_float64", {**ok, "expert_out": y.double()}, DTypeError, r"'expert_out'.*float64"),
         ErrorCase("y_int", {**ok, "expert_out": y.int()}, DTypeError, r"'expert_out'.*int32"),
         ErrorCase("y_rank_2", {**ok, "expert_out": y[:, 0]}, ArgumentError, r"'expert_out'.*3-D.*2-D"),
-        ErrorCase("y_k_zero", {"expert_out": y[:, :0], "topk_weights": None}, ArgumentError, r"'expert_out'.*k >= 1"),
-        ErrorCase("w_bfloat16", {**ok, "topk_weights": w.bfloat16()}, DTypeError, r"'topk_weights'.*float32.*bfloat16"),
+        ErrorCase(
+            "y_k_zero", {"expert_out": y[:, :0], "topk_weights": None}, ArgumentError, r"'expert_out'.*k >= 1"
+        ),
+        ErrorCase(
+            "w_bfloat16",
+            {**ok, "topk_weights": w.bfloat16()},
+            DTypeError,
+            r"'topk_weights'.*float32.*bfloat16",
+        ),
         ErrorCase("w_rank_1", {**ok, "topk_weights": w[:, 0]}, ArgumentError, r"'topk_weights'.*2-D.*1-D"),
-        ErrorCase("w_wrong_k", {**ok, "topk_weights": w[:, :1]}, ArgumentError, r"'topk_weights'.*\[3, 2\].*\[3, 1\]"),
-        ErrorCase("w_not_tensor", {**ok, "topk_weights": [[1.0, 0.0]]}, DTypeError, r"'topk_weights'.*torch\.Tensor"),
+        ErrorCase(
+            "w_wrong_k",
+            {**ok, "topk_weights": w[:, :1]},
+            ArgumentError,
+            r"'topk_weights'.*\[3, 2\].*\[3, 1\]",
+        ),
+        ErrorCase(
+            "w_not_tensor", {**ok, "topk_weights": [[1.0, 0.0]]}, DTypeError, r"'topk_weights'.*torch\.Tensor"
+        ),
         ErrorCase("y_on_meta", {**ok, "expert_out": y.to("meta")}, DeviceError, r"'expert_out'.*meta"),
     ]
     if device.type == "cuda":
-        out.append(ErrorCase("w_on_host", {**ok, "topk_weights": w.cpu()}, DeviceError, r"'topk_weights'.*cuda"))
+        out.append(
+            ErrorCase("w_on_host", {**ok, "topk_weights": w.cpu()}, DeviceError, r"'topk_weights'.*cuda")
+        )
     return out
 
 
