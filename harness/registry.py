@@ -43,6 +43,8 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "log_softmax",
     "mean",
     "decode_attention",
+    "moe_align",
+    "moe_combine",
 )
 
 #: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.
@@ -311,6 +313,14 @@ class Component:
             have dim 0 = request (e.g. ``o [R, Q, Hq, D]``, ``lse [R, Q, Hq]``) and its checks are
             agreement, co_batch, slot, placement, partition (with ``partition_arg``) and repeat,
             never batch_prefix, position or row_start.
+        checks: None (the default): the checks follow from the fields above (see
+            :meth:`applicable_checks`).  Otherwise the explicit set of checks that apply, a
+            subset of :data:`CHECKS` with "agreement"; for a *global* component whose output
+            rows are not functions of their own input rows alone (``moe_align``: a pair's
+            position depends on every other token's experts), where the row checks
+            (batch_prefix, position, row_start) would compare things the contract never
+            promised equal.  It can only narrow: "row_start" still needs ``shift_row_start``,
+            "partition" ``partition_arg``, the request checks ``requests``.
     """
 
     name: str
@@ -332,8 +342,16 @@ class Component:
     fast_path: Callable[[Batch], bool] | None = None
     oracle: Callable[..., Any] | None = None
     requests: RequestModel | None = None
+    checks: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.checks is not None:
+            unknown = [c for c in self.checks if c not in CHECKS]
+            if unknown or "agreement" not in self.checks:
+                raise ValueError(
+                    f"component {self.name!r}: checks must name known checks ({', '.join(CHECKS)}) "
+                    f"and include 'agreement'; got {self.checks!r}"
+                )
         if self.fast_path is not None and self.oracle is None:
             raise ValueError(
                 f"component {self.name!r}: fast_path needs an oracle (agreement off the fast path "
@@ -354,7 +372,14 @@ class Component:
 
     def applicable_checks(self) -> tuple[str, ...]:
         """The checks that apply to this component (row_start and partition are optional; a
-        request-level component has the request checks instead of the row checks)."""
+        request-level component has the request checks instead of the row checks; ``checks``,
+        when set, narrows them to its members)."""
+        derived = self._derived_checks()
+        if self.checks is None:
+            return derived
+        return tuple(c for c in derived if c in self.checks)
+
+    def _derived_checks(self) -> tuple[str, ...]:
         if self.requests is not None:
             partition = ("partition",) if self.partition_arg is not None else ()
             return ("agreement", *REQUEST_CHECKS, *partition, "repeat")

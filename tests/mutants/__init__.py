@@ -148,4 +148,21 @@ MUTANTS: tuple[Mutant, ...] = (
         ("agreement",),
         every_case=lambda case: case.axes["lengths"] == "merge_order",
     ),
+    Mutant(
+        "moe_combine_reverse_slot_order",
+        "moe_combine",
+        kernels.moe_combine_reverse_slots,
+        "the combine adds a token's slots from j = k-1 down to 0 (fp64, same products)",
+        ("agreement",),
+        every_case=lambda case: case.axes["values"] == "cancel" and case.axes["k"] >= 5,
+    ),
+    Mutant(
+        "moe_combine_fp32_accumulation",
+        "moe_combine",
+        kernels.moe_combine_fp32_accumulation,
+        "the combine's products and accumulator in fp32 instead of fp64 (slot order kept)",
+        ("agreement",),
+        # with weights: the fp32 products round (without, bf16 terms S + s still fit in fp32)
+        every_case=lambda case: case.axes["values"] == "cancel" and case.axes["weights"],
+    ),
 )

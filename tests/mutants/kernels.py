@@ -14,6 +14,8 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
+import torch
+
 import batchinv.fast.kernels.decode_attention as attention_kernels
 import batchinv.fast.kernels.matmul as matmul_kernels
 import batchinv.fast.kernels.mean as mean_kernels
@@ -184,3 +186,32 @@ def decode_attention_merge_in_descending_order() -> Callable[..., Any]:
         "for s in range(num_splits - 1, -1, -1):",
     )
     return _attention_subject("decode_attention_merge_kernel", kernel)
+
+
+def moe_combine_reverse_slots() -> Callable[..., torch.Tensor]:
+    """The pinned combine kernel summing a token's slots from j = k-1 down to 0 (fp64 still)."""
+    from batchinv.fast.moe_combine import launch
+    from batchinv.reference.moe_combine import check_moe_combine_args
+
+    def subject(expert_out: torch.Tensor, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+        check_moe_combine_args(expert_out, topk_weights)
+        return launch(expert_out, topk_weights, reverse=True)
+
+    return subject
+
+
+def moe_combine_fp32_accumulation() -> Callable[..., torch.Tensor]:
+    """The combine with fp32 products and an fp32 accumulator (slot order kept), one cast."""
+    from batchinv.reference.moe_combine import canonical_nan, check_moe_combine_args
+
+    def subject(expert_out: torch.Tensor, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+        check_moe_combine_args(expert_out, topk_weights)
+        y = expert_out.float()
+        terms = y if topk_weights is None else topk_weights[:, :, None] * y
+        acc = terms[:, 0]
+        for j in range(1, y.shape[1]):
+            acc = acc + terms[:, j]
+        out = acc.to(expert_out.dtype)
+        return torch.where(torch.isnan(acc), canonical_nan(expert_out.dtype).to(acc.device), out)
+
+    return subject
