@@ -227,8 +227,11 @@ class ErrorCase:
 ROW_CHECKS: tuple[str, ...] = ("batch_prefix", "position", "row_start", "partition", "repeat")
 #: The request-level invariance checks (components with ``requests``), after the row checks.
 REQUEST_CHECKS: tuple[str, ...] = ("co_batch", "slot", "placement")
+#: The checks of components with several executions (``Component.configs``): every config the
+#: launcher may pick gives the shipped one's bits.
+CONFIG_CHECKS: tuple[str, ...] = ("config_equivalence",)
 #: Every invariance check, in sweep order.
-INVARIANCE_CHECKS: tuple[str, ...] = (*ROW_CHECKS, *REQUEST_CHECKS)
+INVARIANCE_CHECKS: tuple[str, ...] = (*ROW_CHECKS, *REQUEST_CHECKS, *CONFIG_CHECKS)
 CHECKS: tuple[str, ...] = ("agreement", *INVARIANCE_CHECKS)
 
 #: Co-batch sizes (other requests sharing the launch) of the co_batch check; ``--max-m`` cuts them.
@@ -311,6 +314,17 @@ class Component:
             have dim 0 = request (e.g. ``o [R, Q, Hq, D]``, ``lse [R, Q, Hq]``) and its checks are
             agreement, co_batch, slot, placement, partition (with ``partition_arg``) and repeat,
             never batch_prefix, position or row_start.
+        configs: ``configs(batch, lane) -> {name: fn}``: every other execution the launcher may
+            choose for the batch's problem class (weight shape, dtype) on ``lane`` -- each tile
+            config of a table row, each num_warps / num_stages variant, a split grid -- as a
+            callable with the fast signature.  The ``config_equivalence`` check runs each on
+            the batch and requires the subject's bits (the shipped launch's, for ``fast``).
+            Only configs that are *supposed* to be equivalent belong here (the same reduction
+            order: e.g. the same BLOCK_K).  Its negative control reuses the baseline machinery:
+            a :class:`Baseline` whose ``fn`` is the launcher pinned to a config with another
+            reduction order (another BLOCK_K) must be detected by ``config_equivalence``
+            (``checks.negative_control`` raises ``VarianceDetected`` naming the config).
+            None: the component has one execution; the check does not apply.
     """
 
     name: str
@@ -332,6 +346,7 @@ class Component:
     fast_path: Callable[[Batch], bool] | None = None
     oracle: Callable[..., Any] | None = None
     requests: RequestModel | None = None
+    configs: Callable[[Batch, Lane], Mapping[str, Callable[..., Any]]] | None = None
 
     def __post_init__(self) -> None:
         if self.fast_path is not None and self.oracle is None:
@@ -355,10 +370,13 @@ class Component:
     def applicable_checks(self) -> tuple[str, ...]:
         """The checks that apply to this component (row_start and partition are optional; a
         request-level component has the request checks instead of the row checks)."""
+        configs = CONFIG_CHECKS if self.configs is not None else ()
         if self.requests is not None:
             partition = ("partition",) if self.partition_arg is not None else ()
-            return ("agreement", *REQUEST_CHECKS, *partition, "repeat")
+            return ("agreement", *REQUEST_CHECKS, *partition, "repeat", *configs)
         skip = set(REQUEST_CHECKS)
+        if self.configs is None:
+            skip.update(CONFIG_CHECKS)
         if self.shift_row_start is None:
             skip.add("row_start")
         if self.partition_arg is None:
