@@ -1,6 +1,6 @@
 """Triton kernel of the MoE SwiGLU activation (only ``@triton.jit`` code).
 
-One program computes ``BLOCK_N`` columns of ``BLOCK_M`` rows: ``out = silu(g) * (u * s)`` in fp32 with one
+One program computes ``BLOCK_N`` columns of ``BLOCK_M`` rows (N = I, the intermediate size): ``out = silu(g) * (u * s)`` in fp32 with one
 rounding at the store, ``silu(g) = num / (1 + e)``, ``e = exp(-|g|)``, ``num = g * e`` for
 g < 0 and ``g`` otherwise (e in (0, 1]: the exponential never overflows).  Every element is
 computed by the same instruction sequence whatever its row, column block or the grid, so the
@@ -21,7 +21,7 @@ def swiglu_kernel(
     scale_ptr,
     out_ptr,
     M,
-    I,
+    N,
     stride_xm,
     stride_xn,
     stride_om,
@@ -33,7 +33,7 @@ def swiglu_kernel(
     SILU_BF16: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
-    """``out[m, j] = silu(x[m, j]) * (x[m, I + j] * scale[m])`` (scale 1 without ``HAS_SCALE``).
+    """``out[m, j] = silu(x[m, j]) * (x[m, N + j] * scale[m])`` (scale 1 without ``HAS_SCALE``).
 
     ``SILU_BF16`` rounds silu(g) to bf16 before the product: never set by the shipped launcher
     (only by the per-M baseline).  ``INTERPRETED`` (the cpu lane) converts bf16 exactly and
@@ -41,12 +41,12 @@ def swiglu_kernel(
     """
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows[:, None] < M) & (cols[None, :] < I)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
     # Rows past M read row 0 (never stored), so no load is masked on rows.
     row_off = tl.where(rows < M, rows, 0).to(tl.int64)
     base = x_ptr + row_off[:, None] * stride_xm
     g = tl.load(base + cols[None, :].to(tl.int64) * stride_xn, mask=mask, other=0.0)
-    u = tl.load(base + (cols + I)[None, :].to(tl.int64) * stride_xn, mask=mask, other=0.0)
+    u = tl.load(base + (cols + N)[None, :].to(tl.int64) * stride_xn, mask=mask, other=0.0)
     if INTERPRETED:
         g = exact_fp32(g)
         u = exact_fp32(u)

@@ -148,4 +148,12 @@ MUTANTS: tuple[Mutant, ...] = (
         ("agreement",),
         every_case=lambda case: case.axes["lengths"] == "merge_order",
     ),
+    Mutant(
+        "swiglu_silu_rounded_to_bf16",
+        "swiglu",
+        kernels.swiglu_silu_rounded_to_bf16,
+        "silu(g) is rounded to bf16 before the product (a 16-bit intermediate, as F.silu(gate) * up)",
+        ("agreement",),
+        every_case=lambda case: case.axes["rows"] > 2,
+    ),
 )
