@@ -86,3 +86,21 @@ def test_the_block_choice_never_reads_m():
 def test_gpu_lane_cases_have_the_issue_shapes():
     inters = {c.axes["inter"] for c in COMP.cases(Lane.SM90)}
     assert {768, 2048, 14336} <= inters
+
+
+def test_property_agreement_and_row_locality():
+    from hypothesis import HealthCheck, given, settings
+
+    from batchinv.harness.compare import compare_bitwise
+
+    @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(COMP.strategy(Lane.CPU, torch.device("cpu")))
+    def prop(batch: Batch) -> None:
+        out = COMP.fast(**batch.kwargs())
+        result = _judge(batch, out)
+        assert result.status == "pass", result.detail
+        i = batch.num_rows // 2
+        alone = COMP.fast(**batch.take([i]).kwargs())
+        assert compare_bitwise(out[i : i + 1], alone).equal
+
+    prop()
