@@ -244,6 +244,17 @@ def sm_partition_counts(sm_count: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys((1, 2, 3, sm_count, sm_count + 1, 2 * sm_count + 1)))
 
 
+def config_equivalence(fn: Impl, batch: Batch, variants: Mapping[str, Impl]) -> DriverResult:
+    """Every execution in ``variants`` (a config the launcher may pick: other tiles, warps,
+    stages, grid) gives ``fn``'s bits on ``batch``; a differing one is named in ``where``
+    (``config <name>``) with its first differing (row, col)."""
+    result = DriverResult(vacuous="the component declares no other config for this case")
+    expected = _call(fn, batch)
+    for name, variant in variants.items():
+        result.record(f"config {name}", compare_outputs(expected, _call(variant, batch)))
+    return result
+
+
 # --- request-level drivers --------------------------------------------------------------------
 
 

@@ -45,6 +45,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "decode_attention",
     "moe_align",
     "moe_combine",
+    "swiglu",
 )
 
 #: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.
@@ -229,8 +230,11 @@ class ErrorCase:
 ROW_CHECKS: tuple[str, ...] = ("batch_prefix", "position", "row_start", "partition", "repeat")
 #: The request-level invariance checks (components with ``requests``), after the row checks.
 REQUEST_CHECKS: tuple[str, ...] = ("co_batch", "slot", "placement")
+#: The checks of components with several executions (``Component.configs``): every config the
+#: launcher may pick gives the shipped one's bits.
+CONFIG_CHECKS: tuple[str, ...] = ("config_equivalence",)
 #: Every invariance check, in sweep order.
-INVARIANCE_CHECKS: tuple[str, ...] = (*ROW_CHECKS, *REQUEST_CHECKS)
+INVARIANCE_CHECKS: tuple[str, ...] = (*ROW_CHECKS, *REQUEST_CHECKS, *CONFIG_CHECKS)
 CHECKS: tuple[str, ...] = ("agreement", *INVARIANCE_CHECKS)
 
 #: Co-batch sizes (other requests sharing the launch) of the co_batch check; ``--max-m`` cuts them.
@@ -321,6 +325,17 @@ class Component:
             (batch_prefix, position, row_start) would compare things the contract never
             promised equal.  It can only narrow: "row_start" still needs ``shift_row_start``,
             "partition" ``partition_arg``, the request checks ``requests``.
+        configs: ``configs(batch, lane) -> {name: fn}``: every other execution the launcher may
+            choose for the batch's problem class (weight shape, dtype) on ``lane`` -- each tile
+            config of a table row, each num_warps / num_stages variant, a split grid -- as a
+            callable with the fast signature.  The ``config_equivalence`` check runs each on
+            the batch and requires the subject's bits (the shipped launch's, for ``fast``).
+            Only configs that are *supposed* to be equivalent belong here (the same reduction
+            order: e.g. the same BLOCK_K).  Its negative control reuses the baseline machinery:
+            a :class:`Baseline` whose ``fn`` is the launcher pinned to a config with another
+            reduction order (another BLOCK_K) must be detected by ``config_equivalence``
+            (``checks.negative_control`` raises ``VarianceDetected`` naming the config).
+            None: the component has one execution; the check does not apply.
     """
 
     name: str
@@ -343,6 +358,7 @@ class Component:
     oracle: Callable[..., Any] | None = None
     requests: RequestModel | None = None
     checks: tuple[str, ...] | None = None
+    configs: Callable[[Batch, Lane], Mapping[str, Callable[..., Any]]] | None = None
 
     def __post_init__(self) -> None:
         if self.checks is not None:
@@ -380,10 +396,13 @@ class Component:
         return tuple(c for c in derived if c in self.checks)
 
     def _derived_checks(self) -> tuple[str, ...]:
+        configs = CONFIG_CHECKS if self.configs is not None else ()
         if self.requests is not None:
             partition = ("partition",) if self.partition_arg is not None else ()
-            return ("agreement", *REQUEST_CHECKS, *partition, "repeat")
+            return ("agreement", *REQUEST_CHECKS, *partition, "repeat", *configs)
         skip = set(REQUEST_CHECKS)
+        if self.configs is None:
+            skip.update(CONFIG_CHECKS)
         if self.shift_row_start is None:
             skip.add("row_start")
         if self.partition_arg is None:

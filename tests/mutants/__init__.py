@@ -164,5 +164,9 @@ MUTANTS: tuple[Mutant, ...] = (
         ("agreement",),
         # with weights: the fp32 products round (without, bf16 terms S + s still fit in fp32)
         every_case=lambda case: case.axes["values"] == "cancel" and case.axes["weights"],
+        "swiglu_silu_rounded_to_bf16",
+        "swiglu",
+        kernels.swiglu_silu_rounded_to_bf16,
+        "silu(g) is rounded to bf16 before the product (a 16-bit intermediate, as F.silu(gate) * up)",
     ),
 )

@@ -20,11 +20,13 @@ import batchinv.fast.kernels.decode_attention as attention_kernels
 import batchinv.fast.kernels.matmul as matmul_kernels
 import batchinv.fast.kernels.mean as mean_kernels
 import batchinv.fast.kernels.softmax as softmax_kernels
+import batchinv.fast.kernels.swiglu as swiglu_kernels
 import batchinv.fast.kernels.topk as topk_kernels
 from batchinv.fast import decode_attention as attention_launcher
 from batchinv.fast import matmul as matmul_launcher
 from batchinv.fast import mean as mean_launcher
 from batchinv.fast import softmax as softmax_launcher
+from batchinv.fast import swiglu as swiglu_launcher
 from batchinv.fast import topk as topk_launcher
 from batchinv.reference.topk import topk as reference_topk
 
@@ -215,3 +217,15 @@ def moe_combine_fp32_accumulation() -> Callable[..., torch.Tensor]:
         return torch.where(torch.isnan(acc), canonical_nan(expert_out.dtype).to(acc.device), out)
 
     return subject
+# --- swiglu -----------------------------------------------------------------------------------
+
+
+def swiglu_silu_rounded_to_bf16() -> Callable[..., Any]:
+    """silu(g) rounded to bf16 before the product: the unfused ``F.silu(gate) * up`` precision."""
+    kernel = mutate(
+        swiglu_kernels,
+        "swiglu_kernel",
+        "silu = num / (1.0 + e)",
+        "silu = exact_fp32(fp32_to_bf16_rne(num / (1.0 + e)))",
+    )
+    return with_kernel(swiglu_kernels, "swiglu_kernel", kernel, swiglu_launcher.swiglu)
