@@ -137,6 +137,7 @@ def launch(
             BLOCK_K=triton.next_power_of_2(top_k),
             BLOCK_G=block_g,
             BLOCK_S=block_s,
+            BLOCK_E=block_g * block_s,
             SIGMOID=scoring == "sigmoid",
             HAS_BIAS=correction_bias is not None,
             GROUPED=grouped,

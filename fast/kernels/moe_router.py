@@ -2,9 +2,10 @@
 
 One program per token; the token's E logits are register-resident as a ``[BLOCK_G, BLOCK_S]``
 tile (group g, expert s of the group: expert id ``g * S + s``).  The selection is integer work on
-the monotone int32 keys of :mod:`batchinv.fast.kernels.topk` (imported, never copied): groups are
-kept with that module's ``_select`` (ties to the lower group), then the k experts are taken one
-slot at a time, best key first, the lowest id among equal keys.  The weights are computed in
+the monotone int32 keys of :mod:`batchinv.fast.kernels.topk` (``_monotone_key``, imported, never
+copied): the ``topk_group`` groups are kept one at a time, then the k experts are taken one slot
+at a time, best key first, the lowest group / expert id among equal keys (a few argmax steps:
+cheaper than that module's 32-step threshold search for k <= 8, and ordered best first).  The weights are computed in
 fp64 with the reference's operations in the reference's order, except the softmax denominator's
 sum over E (a tree here, torch's order there), and rounded once to fp32.
 """
@@ -12,7 +13,7 @@ sum over E (a tree here, torch's order there), and rounded once to fp32.
 import triton
 import triton.language as tl
 
-from batchinv.fast.kernels.topk import MAGNITUDE_MASK, _monotone_key, _select
+from batchinv.fast.kernels.topk import MAGNITUDE_MASK, _monotone_key
 
 QUIET_NAN_BITS = tl.constexpr(0x7FC00000)
 NEG_INF = tl.constexpr(float("-inf"))
@@ -91,6 +92,7 @@ def moe_router_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    BLOCK_E: tl.constexpr,
     SIGMOID: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     GROUPED: tl.constexpr,
@@ -118,36 +120,48 @@ def moe_router_kernel(
     key64 = _monotone_key(v).to(tl.int64)
 
     candidate = valid
-    if GROUPED:
-        gkey = _group_keys(key64, valid, IS_PAIR)  # [BLOCK_G]
-        kept = _select(gkey, offs_g < n_group, topk_group)  # ties to the lower group
+    if GROUPED:  # keep topk_group groups, one at a time: best key first, the lower group on ties
+        gkey = tl.where(offs_g < n_group, _group_keys(key64, valid, IS_PAIR).to(tl.int64), KEY_SENTINEL)
+        kept = offs_g < 0
+        for _ in range(topk_group):
+            best_group = tl.max(tl.where(kept, KEY_SENTINEL, gkey), axis=0)
+            first = tl.min(tl.where(~kept & (gkey == best_group), offs_g, ID_SENTINEL), axis=0)
+            kept = kept | (offs_g == first)
         candidate = valid & kept[:, None]
 
-    # The K slots, best key first, the lowest expert id among equal keys.
+    # Flat views of the tile (row-major: lane g * BLOCK_S + s): one reduction per step below.
+    key_flat = tl.reshape(key64, (BLOCK_E,))
+    candidate = tl.reshape(candidate, (BLOCK_E,))
+    expert_flat = tl.reshape(expert, (BLOCK_E,))
+    x_flat = tl.reshape(x, (BLOCK_E,))
+    valid_flat = tl.reshape(valid, (BLOCK_E,))
+    if not SIGMOID:  # softmax over all E in fp64: m the largest non-NaN logit, a tree sum
+        finite = tl.where((x_flat != x_flat) | ~valid_flat, NEG_INF, x_flat)
+        m = tl.max(finite, axis=0).to(tl.float64)
+        total = tl.sum(tl.where(valid_flat, tl.exp(x_flat.to(tl.float64) - m), 0.0), axis=0)
+
+    # The K slots, best key first, the lowest expert id among equal keys; each slot's fp64 score
+    # and the slot-order sum of the scores (the renormalization's denominator).
     offs_k = tl.arange(0, BLOCK_K)
     ids = tl.zeros((BLOCK_K,), tl.int32)
+    p = tl.zeros((BLOCK_K,), tl.float64)
+    denom = tl.zeros((), tl.float64)
     for j in range(K):
-        best = tl.max(tl.max(tl.where(candidate, key64, KEY_SENTINEL), axis=1), axis=0)
-        at_best = candidate & (key64 == best)
-        pick = tl.min(tl.min(tl.where(at_best, expert, ID_SENTINEL), axis=1), axis=0)
+        best = tl.max(tl.where(candidate, key_flat, KEY_SENTINEL), axis=0)
+        pick = tl.min(tl.where(candidate & (key_flat == best), expert_flat, ID_SENTINEL), axis=0)
+        candidate = candidate & (expert_flat != pick)
+        x_j = tl.load(logits_row + pick.to(tl.int64) * stride_logits_col)
+        if SIGMOID:  # _sigmoid64's formula, inlined (a helper call costs ~1 ms in the interpreter)
+            p_j = 1.0 / (1.0 + tl.exp(-x_j.to(tl.float64)))
+        else:
+            p_j = tl.exp(x_j.to(tl.float64) - m) / total
         ids = tl.where(offs_k == j, pick, ids)
-        candidate = candidate & (expert != pick)
+        p = tl.where(offs_k == j, p_j, p)
+        denom = denom + p_j  # 0 + p_0 = p_0 exactly (p_0 >= 0 or NaN)
 
-    # Weights: fp64 scores of the chosen experts, renormalized in slot order, one rounding.
+    # Weights: renormalized in fp64 when asked, rounded once to fp32.
     in_k = offs_k < K
-    chosen = tl.load(logits_row + ids.to(tl.int64) * stride_logits_col, mask=in_k, other=0.0)
-    if SIGMOID:
-        p = _sigmoid64(chosen)
-    else:
-        finite = tl.where((x != x) | ~valid, NEG_INF, x)
-        m = tl.max(tl.max(finite, axis=1), axis=0).to(tl.float64)
-        z = tl.where(valid, tl.exp(x.to(tl.float64) - m), 0.0)
-        total = tl.sum(tl.sum(z, axis=1), axis=0)
-        p = tl.exp(chosen.to(tl.float64) - m) / total
     if RENORMALIZE:
-        denom = tl.sum(tl.where(offs_k == 0, p, 0.0), axis=0)
-        for j in range(1, K):
-            denom = denom + tl.sum(tl.where(offs_k == j, p, 0.0), axis=0)  # slot order
         p = p / denom
     tl.store(weights_ptr + row * stride_weights_row + offs_k, p.to(tl.float32), mask=in_k)
     tl.store(ids_ptr + row * stride_ids_row + offs_k, ids, mask=in_k)
