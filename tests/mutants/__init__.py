@@ -148,4 +148,18 @@ MUTANTS: tuple[Mutant, ...] = (
         ("agreement",),
         every_case=lambda case: case.axes["lengths"] == "merge_order",
     ),
+    Mutant(
+        "moe_router_ties_to_higher_id",
+        "moe_router",
+        kernels.moe_router_ties_to_higher_id,
+        "equal selection keys: the higher expert id is taken first instead of the lower",
+        ("agreement",),
+    ),
+    Mutant(
+        "moe_router_weights_through_bf16",
+        "moe_router",
+        kernels.moe_router_weights_through_bf16,
+        "the fp64 weights rounded through bf16 before fp32 (a 16-bit weights buffer)",
+        ("agreement",),
+    ),
 )
