@@ -82,7 +82,9 @@ def moe_router(
         :func:`batchinv.reference.moe_router.check_router_arguments`; DeviceError also for a
         non-CUDA tensor on the GPU path.
     """
-    return launch(moe_router_kernel, logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group)
+    return launch(
+        moe_router_kernel, logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group
+    )
 
 
 def launch(

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from batchinv.fast.moe_router import launch
 from batchinv.fast.kernels.moe_router import moe_router_kernel
+from batchinv.fast.moe_router import launch
 from batchinv.reference.moe_router import check_router_arguments
 
 __all__ = ["BF16_MIN_TOKENS", "bf16_large_batch_router", "torch_topk_router"]

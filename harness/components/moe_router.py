@@ -241,13 +241,14 @@ def error_cases(device: torch.device) -> Sequence[ErrorCase]:
         ErrorCase("top_k_negative", {**ok, "top_k": -1}, ArgumentError, r"'top_k'.*-1"),
         ErrorCase("top_k_float", {**ok, "top_k": 2.0}, DTypeError, r"'top_k'.*integral.*float"),
         ErrorCase("top_k_bool", {**ok, "top_k": True}, DTypeError, r"'top_k'.*integral.*bool"),
-        ErrorCase(
-            "top_k_above_kept_groups", {**ok, "top_k": 9}, ArgumentError, r"'top_k'.*kept experts.*9"
-        ),
+        ErrorCase("top_k_above_kept_groups", {**ok, "top_k": 9}, ArgumentError, r"'top_k'.*kept experts.*9"),
         ErrorCase("n_group_not_dividing", {**ok, "n_group": 3}, ArgumentError, r"'n_group'.*dividing E.*3"),
         ErrorCase("n_group_zero", {**ok, "n_group": 0}, ArgumentError, r"'n_group'.*0"),
         ErrorCase(
-            "topk_group_above_n_group", {**ok, "topk_group": 5}, ArgumentError, r"'topk_group'.*n_group = 4.*5"
+            "topk_group_above_n_group",
+            {**ok, "topk_group": 5},
+            ArgumentError,
+            r"'topk_group'.*n_group = 4.*5",
         ),
         ErrorCase("topk_group_zero", {**ok, "topk_group": 0}, ArgumentError, r"'topk_group'.*0"),
         ErrorCase(
@@ -257,7 +258,10 @@ def error_cases(device: torch.device) -> Sequence[ErrorCase]:
             r"'correction_bias'.*length E = 16.*8",
         ),
         ErrorCase(
-            "bias_rank_2", {**ok, "correction_bias": bias[None]}, ArgumentError, r"'correction_bias'.*1-D.*2-D"
+            "bias_rank_2",
+            {**ok, "correction_bias": bias[None]},
+            ArgumentError,
+            r"'correction_bias'.*1-D.*2-D",
         ),
         ErrorCase(
             "bias_bfloat16",
@@ -268,11 +272,19 @@ def error_cases(device: torch.device) -> Sequence[ErrorCase]:
         ErrorCase(
             "bias_with_softmax", {**ok, "scoring": "softmax"}, ArgumentError, r"'correction_bias'.*softmax"
         ),
-        ErrorCase("logits_bfloat16", {**ok, "logits": logits.bfloat16()}, DTypeError, r"'logits'.*float32.*bfloat16"),
-        ErrorCase("logits_float64", {**ok, "logits": logits.double()}, DTypeError, r"'logits'.*float32.*float64"),
+        ErrorCase(
+            "logits_bfloat16", {**ok, "logits": logits.bfloat16()}, DTypeError, r"'logits'.*float32.*bfloat16"
+        ),
+        ErrorCase(
+            "logits_float64", {**ok, "logits": logits.double()}, DTypeError, r"'logits'.*float32.*float64"
+        ),
         ErrorCase("logits_rank_3", {**ok, "logits": logits[None]}, ArgumentError, r"'logits'.*2-D.*3-D"),
-        ErrorCase("logits_not_tensor", {**ok, "logits": [[0.0]]}, DTypeError, r"'logits'.*torch\.Tensor.*list"),
-        ErrorCase("scoring_unknown", {**ok, "scoring": "softmax2"}, ArgumentError, r"'scoring'.*sigmoid.*softmax2"),
+        ErrorCase(
+            "logits_not_tensor", {**ok, "logits": [[0.0]]}, DTypeError, r"'logits'.*torch\.Tensor.*list"
+        ),
+        ErrorCase(
+            "scoring_unknown", {**ok, "scoring": "softmax2"}, ArgumentError, r"'scoring'.*sigmoid.*softmax2"
+        ),
         ErrorCase("scoring_none", {**ok, "scoring": None}, ArgumentError, r"'scoring'.*sigmoid.*None"),
         ErrorCase("renormalize_int", {**ok, "renormalize": 1}, DTypeError, r"'renormalize'.*bool.*int"),
         ErrorCase(
@@ -282,7 +294,9 @@ def error_cases(device: torch.device) -> Sequence[ErrorCase]:
     if device.type == "cuda":
         host = {**ok, "logits": logits.cpu(), "correction_bias": bias.cpu()}
         out.append(
-            ErrorCase("host_tensors_on_gpu_path", host, DeviceError, r"'logits'.*CUDA.*cpu", applies_to=("fast",))
+            ErrorCase(
+                "host_tensors_on_gpu_path", host, DeviceError, r"'logits'.*CUDA.*cpu", applies_to=("fast",)
+            )
         )
     return out
 
