@@ -46,6 +46,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "moe_align",
     "moe_combine",
     "swiglu",
+    "moe_router",
 )
 
 #: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.

@@ -168,5 +168,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "swiglu",
         kernels.swiglu_silu_rounded_to_bf16,
         "silu(g) is rounded to bf16 before the product (a 16-bit intermediate, as F.silu(gate) * up)",
+        "moe_router_ties_to_higher_id",
+        "moe_router",
+        kernels.moe_router_ties_to_higher_id,
+        "equal selection keys: the higher expert id is taken first instead of the lower",
+        "moe_router_weights_through_bf16",
+        "moe_router",
+        kernels.moe_router_weights_through_bf16,
+        "the fp64 weights rounded through bf16 before fp32 (a 16-bit weights buffer)",
     ),
 )

@@ -19,12 +19,14 @@ import torch
 import batchinv.fast.kernels.decode_attention as attention_kernels
 import batchinv.fast.kernels.matmul as matmul_kernels
 import batchinv.fast.kernels.mean as mean_kernels
+import batchinv.fast.kernels.moe_router as moe_router_kernels
 import batchinv.fast.kernels.softmax as softmax_kernels
 import batchinv.fast.kernels.swiglu as swiglu_kernels
 import batchinv.fast.kernels.topk as topk_kernels
 from batchinv.fast import decode_attention as attention_launcher
 from batchinv.fast import matmul as matmul_launcher
 from batchinv.fast import mean as mean_launcher
+from batchinv.fast import moe_router as moe_router_launcher
 from batchinv.fast import softmax as softmax_launcher
 from batchinv.fast import swiglu as swiglu_launcher
 from batchinv.fast import topk as topk_launcher
@@ -229,3 +231,37 @@ def swiglu_silu_rounded_to_bf16() -> Callable[..., Any]:
         "silu = exact_fp32(fp32_to_bf16_rne(num / (1.0 + e)))",
     )
     return with_kernel(swiglu_kernels, "swiglu_kernel", kernel, swiglu_launcher.swiglu)
+# --- moe_router -------------------------------------------------------------------------------
+
+
+def _moe_router_subject(kernel: Any) -> Callable[..., Any]:
+    def moe_router(
+        logits: Any,
+        top_k: Any,
+        scoring: Any = "softmax",
+        renormalize: Any = False,
+        correction_bias: Any = None,
+        n_group: Any = 1,
+        topk_group: Any = 1,
+    ) -> Any:
+        return moe_router_launcher.launch(
+            kernel, logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group
+        )
+
+    return moe_router
+
+
+def moe_router_ties_to_higher_id() -> Callable[..., Any]:
+        moe_router_kernels,
+        "moe_router_kernel",
+        "pick = tl.min(tl.where(candidate & (key_flat == best), expert_flat, ID_SENTINEL), axis=0)",
+        "pick = tl.max(tl.where(candidate & (key_flat == best), expert_flat, -1), axis=0)",
+    return _moe_router_subject(kernel)
+
+
+def moe_router_weights_through_bf16() -> Callable[..., Any]:
+        moe_router_kernels,
+        "moe_router_kernel",
+        "tl.store(weights_ptr + row * stride_weights_row + offs_k, p.to(tl.float32), mask=in_k)",
+        "tl.store(weights_ptr + row * stride_weights_row + offs_k, p.to(tl.bfloat16).to(tl.float32), mask=in_k)",
+    return _moe_router_subject(kernel)
