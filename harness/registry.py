@@ -43,6 +43,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "log_softmax",
     "mean",
     "decode_attention",
+    "grouped_gemm",
 )
 
 #: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.
