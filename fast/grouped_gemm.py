@@ -56,7 +56,7 @@ BLOCK_M: dict[str, int] = {"interp": 16, "sm90": 64, "sm100": 64}
 #: fixes each output's fp32 summation order.  sm90 rows are untuned first choices (no GPU
 #: measurement yet); sm100 copies them.
 TABLE: tuple[_Rule, ...] = (
-    _Rule("interp", None, None, GroupedGemmConfig(16, 32, 32), "interpreter: small tiles, K spans several tiles"),
+    _Rule("interp", None, None, GroupedGemmConfig(16, 64, 64), "interpreter: N in one tile, K in two (the second partial in most cases)"),
     _Rule("sm90", None, None, GroupedGemmConfig(64, 128, 64, num_warps=4, num_stages=4), "first choice, untuned"),
     _Rule("sm100", None, None, GroupedGemmConfig(64, 128, 64, num_warps=4, num_stages=4), "copy of sm90"),
 )

@@ -22,7 +22,7 @@ from batchinv.fast.grouped_gemm import checked, launch
 from batchinv.reference.grouped_gemm import GroupedGemmArgs
 
 #: Expert-M thresholds: (split into 4 at M <=, split into 2 at M <=); the bucket threshold.
-_SPLIT_M = {"interp": (4, 16), "gpu": (16, 64)}
+_SPLIT_M = {"interp": (1, 3), "gpu": (16, 64)}
 _BUCKET_M = {"interp": 4, "gpu": 32}
 
 
@@ -73,7 +73,7 @@ def split_k_small_m(
         if splits == 1:
             launch(a, w, sorted_ids, be, num_padded, args, a_per_slot, cfg, out)
             continue
-        kps = -(-(-(-args.kdim // splits)) // cfg.block_k) * cfg.block_k
+        kps = -(-args.kdim // splits)  # ceil(K / splits): slices need not align with BLOCK_K
         ws = torch.zeros(splits, args.t * args.k, args.n, dtype=torch.float32, device=a.device)
         launch(a, w, sorted_ids, be, num_padded, args, a_per_slot, cfg, ws, splits=splits, k_per_split=kps)
         parts = list(ws)

@@ -20,8 +20,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from batchinv.fast.kernels.matmul import exact_fp32, fp32_to_bf16_rne
-
 
 @triton.jit
 def grouped_gemm_kernel(
@@ -91,7 +89,10 @@ def grouped_gemm_kernel(
             # numpy's matmul (the interpreter's tl.dot) sums rows in different orders and
             # multiplies raw bf16 bits: reduce exact fp32 products along k instead (as the
             # matmul kernel does), one fixed order for every element.
-            prod = exact_fp32(a)[:, :, None] * exact_fp32(b)[None, :, :]
+            # (bf16 -> fp32 exactly by moving the bits up: a jit helper call costs ms here)
+            a32 = (a.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+            b32 = (b.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+            prod = a32[:, :, None] * b32[None, :, :]
             acc = acc + tl.sum(prod, axis=1)
         else:
             acc = tl.dot(a, b, acc)
@@ -107,6 +108,11 @@ def grouped_gemm_kernel(
     if SPLIT_OUT:
         tl.store(c_ptrs, acc, mask=c_mask)
     elif INTERPRETED:
-        tl.store(c_ptrs, fp32_to_bf16_rne(acc), mask=c_mask)
+        # the interpreter's fp32 -> bf16 cast truncates: round to nearest-even with integer ops
+        # (fast.kernels.matmul.fp32_to_bf16_rne, inline); NaN becomes the canonical 0x7fff
+        bits = acc.to(tl.uint32, bitcast=True)
+        high = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        high = tl.where(acc != acc, 0x7FFF, high)
+        tl.store(c_ptrs, high.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=c_mask)
     else:
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
