@@ -148,4 +148,19 @@ MUTANTS: tuple[Mutant, ...] = (
         ("agreement",),
         every_case=lambda case: case.axes["lengths"] == "merge_order",
     ),
+    Mutant(
+        "grouped_gemm_dropped_partial_k_tile",
+        "grouped_gemm",
+        kernels.grouped_gemm_dropped_partial_k_tile,
+        "k_tiles = (k_hi - k_lo) // BLOCK_K: the last, partial K tile is never added",
+        ("agreement",),
+        every_case=lambda case: int(case.axes["K"]) % 64 != 0,  # the interpreter's BLOCK_K
+    ),
+    Mutant(
+        "grouped_gemm_block_k_from_expert_m",
+        "grouped_gemm",
+        kernels.grouped_gemm_block_k_from_expert_m,
+        "the launcher halves BLOCK_K when the launch's largest expert M is <= 4 (a per-M config)",
+        ("co_batch",),
+    ),
 )
