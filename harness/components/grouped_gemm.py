@@ -377,7 +377,7 @@ COMPONENT = Component(
         Baseline(
             "split_k_small_m",
             bl.split_k_small_m,
-            "split-K for experts with a small M (4 K slices at M <= 4, 2 at M <= 16 on the interpreter; "
+            "split-K for experts with a small M (4 K slices at M <= 1, 2 at M <= 3 on the interpreter; "
             "16 / 64 on GPUs), fp32 partials added pairwise after: another reduction tree per expert M",
             expected_to_vary_on=ALL_LANES,
         ),
