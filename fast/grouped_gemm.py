@@ -56,8 +56,16 @@ BLOCK_M: dict[str, int] = {"interp": 16, "sm90": 64, "sm100": 64}
 #: fixes each output's fp32 summation order.  sm90 rows are untuned first choices (no GPU
 #: measurement yet); sm100 copies them.
 TABLE: tuple[_Rule, ...] = (
-    _Rule("interp", None, None, GroupedGemmConfig(16, 64, 64), "interpreter: N in one tile, K in two (the second partial in most cases)"),
-    _Rule("sm90", None, None, GroupedGemmConfig(64, 128, 64, num_warps=4, num_stages=4), "first choice, untuned"),
+    _Rule(
+        "interp",
+        None,
+        None,
+        GroupedGemmConfig(16, 64, 64),
+        "interpreter: N in one tile, K in two (the second partial in most cases)",
+    ),
+    _Rule(
+        "sm90", None, None, GroupedGemmConfig(64, 128, 64, num_warps=4, num_stages=4), "first choice, untuned"
+    ),
     _Rule("sm100", None, None, GroupedGemmConfig(64, 128, 64, num_warps=4, num_stages=4), "copy of sm90"),
 )
 
@@ -67,7 +75,11 @@ def select_config(arch_key: str, dtype: torch.dtype, n: int, k: int) -> GroupedG
     if dtype != torch.bfloat16:
         raise ArgumentError("a", "dtype bfloat16 (the grouped GEMM's table)", dtype)
     for rule in TABLE:
-        if rule.arch == arch_key and (rule.max_n is None or n <= rule.max_n) and (rule.max_k is None or k <= rule.max_k):
+        if (
+            rule.arch == arch_key
+            and (rule.max_n is None or n <= rule.max_n)
+            and (rule.max_k is None or k <= rule.max_k)
+        ):
             return rule.config
     raise ArgumentError("device", f"an architecture of the grouped GEMM table ({sorted(BLOCK_M)})", arch_key)
 
@@ -156,7 +168,13 @@ def checked(
     """Validate (typed errors), check the launch device, and look the config up (BLOCK_M equal
     to the input's block_m)."""
     args = validate(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot)
-    for name, t in (("a", a), ("w", w), ("sorted_ids", sorted_ids), ("block_expert", block_expert), ("num_padded", num_padded)):
+    for name, t in (
+        ("a", a),
+        ("w", w),
+        ("sorted_ids", sorted_ids),
+        ("block_expert", block_expert),
+        ("num_padded", num_padded),
+    ):
         check_launch_device(name, t)
     key = _arch_key(a.device)
     cfg = select_config(key, a.dtype, args.n, args.kdim)

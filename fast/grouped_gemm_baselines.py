@@ -78,7 +78,9 @@ def split_k_small_m(
         launch(a, w, sorted_ids, be, num_padded, args, a_per_slot, cfg, ws, splits=splits, k_per_split=kps)
         parts = list(ws)
         while len(parts) > 1:
-            parts = [parts[i] + parts[i + 1] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+            parts = [
+                parts[i] + parts[i + 1] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)
+            ]
         rows = _rows_of(sorted_ids, be, args)
         out[rows] = parts[0][rows].to(a.dtype)
     return out.view(args.t, args.k, args.n)

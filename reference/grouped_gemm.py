@@ -101,7 +101,11 @@ def validate(
         raise ArgumentError("a", want, f"{a.dim()}-D tensor of shape {tuple(a.shape)}")
     if int(a.shape[-1]) != kdim:
         raise ArgumentError("w", f"shape [E, N, K] with K = {int(a.shape[-1])} (a.shape[-1])", tuple(w.shape))
-    for name, value in (("sorted_ids", sorted_ids), ("block_expert", block_expert), ("num_padded", num_padded)):
+    for name, value in (
+        ("sorted_ids", sorted_ids),
+        ("block_expert", block_expert),
+        ("num_padded", num_padded),
+    ):
         check_tensor(name, value, dtypes=(torch.int32,), ndim=1)
         check_same_device(name, value, a.device)
     valid = t * top_k
@@ -116,7 +120,8 @@ def validate(
     blocks = -(-length // block_m)
     if int(block_expert.shape[0]) != blocks:
         raise ArgumentError(
-            "block_expert", f"length ceil(len(sorted_ids) / block_m) = {blocks} (block_m = {block_m})",
+            "block_expert",
+            f"length ceil(len(sorted_ids) / block_m) = {blocks} (block_m = {block_m})",
             int(block_expert.shape[0]),
         )
     if int(num_padded.shape[0]) != 1:
@@ -125,18 +130,20 @@ def validate(
         return GroupedGemmArgs(t, top_k, e, n, kdim, block_m, -1)
     used = int(num_padded[0])
     if used < 0 or used > length or used % block_m or used < valid:
-        raise ArgumentError(
-            "num_padded", f"a multiple of block_m = {block_m} in [{valid}, {length}]", used
-        )
+        raise ArgumentError("num_padded", f"a multiple of block_m = {block_m} in [{valid}, {length}]", used)
     ids = sorted_ids[:used].to(torch.int64)
     if used and (int(ids.min()) < 0 or int(ids.max()) > valid):
         bad = ids[(ids < 0) | (ids > valid)][0]
-        raise ArgumentError("sorted_ids", f"ids in [0, T * top_k = {valid}] (the last the sentinel)", int(bad))
+        raise ArgumentError(
+            "sorted_ids", f"ids in [0, T * top_k = {valid}] (the last the sentinel)", int(bad)
+        )
     counts = torch.bincount(ids[ids < valid], minlength=valid)
     if valid and bool((counts != 1).any()):
         missing = int((counts != 1).nonzero()[0])
         raise ArgumentError(
-            "sorted_ids", "every flat index t * top_k + j once", f"index {missing} {int(counts[missing])} times"
+            "sorted_ids",
+            "every flat index t * top_k + j once",
+            f"index {missing} {int(counts[missing])} times",
         )
     experts = block_expert.to(torch.int64)
     used_blocks = used // block_m
@@ -239,8 +246,8 @@ def tolerance_bound(
         rows = flat.to(a.device)[sel]
         kwargs = {"layout": "linear", "out_dtype": a.dtype, "reference": ref[rows]}
         if group is None:
-            b = ref_matmul.tolerance_bound(x[sel], w[e], None, **kwargs)  # type: ignore[arg-type]
+            b = ref_matmul.tolerance_bound(x[sel], w[e], None, **kwargs)
         else:
-            b = ref_matmul.tight_bound(x[sel], w[e], None, group=group, **kwargs)  # type: ignore[arg-type]
+            b = ref_matmul.tight_bound(x[sel], w[e], None, group=group, **kwargs)
         out[rows] = b
     return out.view(args.t, args.k, args.n)

@@ -49,9 +49,11 @@ def test_align_stand_in_layout_by_hand():
     assert ids.tolist() == [1, 4, s, s, 0, 2, 5, s, 3, s, s, s] + [s] * (6 + 4 * 3 - 12)
     assert be.tolist() == [0, 1, 2, -1, -1]
     assert npad.tolist() == [12]
-    batch = component._assemble(torch.zeros(3, 8, dtype=torch.bfloat16), topk, {
-        "w": torch.zeros(4, 8, 8, dtype=torch.bfloat16), "top_k": 2, "a_per_slot": False
-    })
+    batch = component._assemble(
+        torch.zeros(3, 8, dtype=torch.bfloat16),
+        topk,
+        {"w": torch.zeros(4, 8, 8, dtype=torch.bfloat16), "top_k": 2, "a_per_slot": False},
+    )
     assert component._routing(batch).tolist() == topk.tolist()
 
 
@@ -92,7 +94,13 @@ def test_token_bits_do_not_depend_on_its_experts_m():
     model = component.COMPONENT.requests
     want = grouped_gemm(**target.kwargs())[0]
     for count in (1, 15, 16, 17, 40):
-        mixed = model.concat([model.take(flood, list(range(count // 2))), target, model.take(flood, list(range(count // 2, count)))])
+        mixed = model.concat(
+            [
+                model.take(flood, list(range(count // 2))),
+                target,
+                model.take(flood, list(range(count // 2, count))),
+            ]
+        )
         got = grouped_gemm(**mixed.kwargs())[count // 2]
         assert torch.equal(got, want), count
 

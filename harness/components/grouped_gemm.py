@@ -55,10 +55,29 @@ SPECIAL_DENSITY = 0.01
 CANCEL = 2.0**17
 
 
-def _case(e: int, k: int, n: int, kdim: int, t: int, home: int, per_slot: bool, values: str = "normal", seed: int = 0) -> Case:
+def _case(
+    e: int,
+    k: int,
+    n: int,
+    kdim: int,
+    t: int,
+    home: int,
+    per_slot: bool,
+    values: str = "normal",
+    seed: int = 0,
+) -> Case:
     return Case(
         NAME,
-        {"E": e, "top_k": k, "N": n, "K": kdim, "T": t, "home": home, "a_per_slot": per_slot, "values": values},
+        {
+            "E": e,
+            "top_k": k,
+            "N": n,
+            "K": kdim,
+            "T": t,
+            "home": home,
+            "a_per_slot": per_slot,
+            "values": values,
+        },
         seed,
     )
 
@@ -87,7 +106,9 @@ def cases(lane: Lane) -> list[Case]:
 # --- the align stand-in (docs/MOE.md section 2; swapped for the moe_align component later) ----
 
 
-def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _align(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(sorted_ids, block_expert, num_padded)`` of ``topk_ids [T, k]`` (CPU, int32): flat indices
     grouped by expert in increasing expert id, increasing inside a group (stable), each group
     padded with ``T * k`` to a multiple of ``block_m``; length ``T*k + E*(block_m - 1)``."""
@@ -211,7 +232,9 @@ def build(case: Case, device: torch.device) -> Batch:
 
 def take(batch: Batch, requests: Sequence[int] | torch.Tensor) -> Batch:
     """The tokens at ``requests`` (in that order, repeats allowed), align tensors rebuilt."""
-    idx = torch.as_tensor(list(requests) if not isinstance(requests, torch.Tensor) else requests, dtype=torch.long)
+    idx = torch.as_tensor(
+        list(requests) if not isinstance(requests, torch.Tensor) else requests, dtype=torch.long
+    )
     a = batch.rows["a"]
     topk = _routing(batch).index_select(0, idx)
     shared = {k: v for k, v in batch.shared.items() if k not in ("sorted_ids", "block_expert", "num_padded")}
@@ -298,7 +321,9 @@ def bound(batch: Batch, reference: Outputs) -> Outputs:
 
 def tight(batch: Batch, reference: Outputs) -> Outputs:
     """The judged bound: increasing k by groups of :func:`accumulation_group`."""
-    return (ref_gemm.tolerance_bound(**batch.kwargs(), reference=reference[0], group=accumulation_group(batch)),)
+    return (
+        ref_gemm.tolerance_bound(**batch.kwargs(), reference=reference[0], group=accumulation_group(batch)),
+    )
 
 
 # --- error inputs --------------------------------------------------------------------------------
@@ -353,7 +378,9 @@ def error_cases(device: torch.device) -> list[ErrorCase]:
         ),
         ErrorCase(
             "block_m_not_the_devices",
-            bad(sorted_ids=half_ids.to(device), block_expert=half_be.to(device), num_padded=half_np.to(device)),
+            bad(
+                sorted_ids=half_ids.to(device), block_expert=half_be.to(device), num_padded=half_np.to(device)
+            ),
             ArgumentError,
             "'block_expert'.*BLOCK_M",
             applies_to=("fast",),

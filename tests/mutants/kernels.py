@@ -198,7 +198,9 @@ def grouped_gemm_dropped_partial_k_tile() -> Callable[..., Any]:
         "k_tiles = tl.cdiv(k_hi - k_lo, BLOCK_K)",
         "k_tiles = (k_hi - k_lo) // BLOCK_K",
     )
-    return with_kernel(grouped_gemm_kernels, "grouped_gemm_kernel", kernel, grouped_gemm_launcher.grouped_gemm)
+    return with_kernel(
+        grouped_gemm_kernels, "grouped_gemm_kernel", kernel, grouped_gemm_launcher.grouped_gemm
+    )
 
 
 def _halve_block_k_for_small_experts(checked: Any, sorted_ids: Any, block_expert: Any) -> Any:
