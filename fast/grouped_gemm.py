@@ -105,30 +105,30 @@ def launch(
     args: GroupedGemmArgs,
     a_per_slot: bool,
     config: GroupedGemmConfig,
-    out: torch.Tensor,
+    dest: torch.Tensor,
     *,
     splits: int = 1,
     k_per_split: int | None = None,
 ) -> None:
-    """Launch the kernel (shared by the fast path and the baselines).  ``out`` is ``[T*k, N]``
+    """Launch the kernel (shared by the fast path and the baselines).  ``dest`` is ``[T*k, N]``
     in a's dtype (``splits == 1``) or ``[S, T*k, N]`` fp32 partials (``splits > 1`` or
     ``k_per_split`` given: baselines only)."""
     rows = a.reshape(-1, args.kdim)
     rows, wk = kernel_operand(rows), kernel_operand(w)
-    split_out = out.dim() == 3
+    split_out = dest.dim() == 3
     kps = args.kdim if k_per_split is None else k_per_split
     grid = (int(block_expert.shape[0]), -(-args.n // config.block_n), splits)
     if args.t * args.k == 0 or args.n == 0 or grid[0] == 0:
         return
-    stride_cs = out.stride(0) if split_out else 0
-    stride_cm, stride_cn = (out.stride(1), out.stride(2)) if split_out else (out.stride(0), out.stride(1))
+    stride_cs = dest.stride(0) if split_out else 0
+    stride_cm, stride_cn = (dest.stride(1), dest.stride(2)) if split_out else (dest.stride(0), dest.stride(1))
     from batchinv.fast.kernels.grouped_gemm import grouped_gemm_kernel
 
     with interpreter_quiet():
         grouped_gemm_kernel[grid](
             rows,
             wk,
-            out,
+            dest,
             sorted_ids,
             block_expert,
             num_padded,
