@@ -241,7 +241,9 @@ def _run(
             call_with, batch, invariance.sm_partition_counts(sm_count(device if lane.is_gpu else None))
         )
     elif check == "repeat":
-        driver = invariance.repeat(call, batch)
+        # a request-level batch takes its half through the request model (shared operands may
+        # index the requests: grouped_gemm's align tensors)
+        driver = invariance.repeat(call, batch, take=component.requests.take if component.requests else None)
     elif check == "config_equivalence":
         if component.configs is None:
             result.status, result.detail = "skip", "the component declares no configs"

@@ -228,13 +228,21 @@ def partition(
     return result
 
 
-def repeat(fn: Impl, batch: Batch, times: int = 3) -> DriverResult:
-    """Repeated calls give the same bits, also after a call of another shape in between."""
+def repeat(
+    fn: Impl,
+    batch: Batch,
+    times: int = 3,
+    take: Callable[[Batch, Sequence[int]], Batch] | None = None,
+) -> DriverResult:
+    """Repeated calls give the same bits, also after a call of another shape in between (the
+    first half of the rows; of the requests through ``take``, a request model's, when given:
+    a request-level batch whose shared operands index its requests cannot be sliced blindly)."""
     result = DriverResult()
     first = _call(fn, batch)
     for i in range(1, times):
         if batch.num_rows > 1:
-            _call(fn, batch.take(slice(0, max(1, batch.num_rows // 2))))
+            half = max(1, batch.num_rows // 2)
+            _call(fn, batch.take(slice(0, half)) if take is None else take(batch, list(range(half))))
         result.record(f"call {i + 1}", compare_outputs(first, _call(fn, batch)))
     return result
 

@@ -47,6 +47,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "moe_combine",
     "swiglu",
     "moe_router",
+    "grouped_gemm",
 )
 
 #: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.

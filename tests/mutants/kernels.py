@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 import batchinv.fast.kernels.decode_attention as attention_kernels
+import batchinv.fast.kernels.grouped_gemm as grouped_gemm_kernels
 import batchinv.fast.kernels.matmul as matmul_kernels
 import batchinv.fast.kernels.mean as mean_kernels
 import batchinv.fast.kernels.moe_router as moe_router_kernels
@@ -24,6 +25,7 @@ import batchinv.fast.kernels.softmax as softmax_kernels
 import batchinv.fast.kernels.swiglu as swiglu_kernels
 import batchinv.fast.kernels.topk as topk_kernels
 from batchinv.fast import decode_attention as attention_launcher
+from batchinv.fast import grouped_gemm as grouped_gemm_launcher
 from batchinv.fast import matmul as matmul_launcher
 from batchinv.fast import mean as mean_launcher
 from batchinv.fast import moe_router as moe_router_launcher
@@ -265,3 +267,35 @@ def moe_router_weights_through_bf16() -> Callable[..., Any]:
         "tl.store(weights_ptr + row * stride_weights_row + offs_k, p.to(tl.float32), mask=in_k)",
         "tl.store(weights_ptr + row * stride_weights_row + offs_k, p.to(tl.bfloat16).to(tl.float32), mask=in_k)",
     return _moe_router_subject(kernel)
+# --- grouped_gemm -----------------------------------------------------------------------------
+
+
+def grouped_gemm_dropped_partial_k_tile() -> Callable[..., Any]:
+        grouped_gemm_kernels,
+        "grouped_gemm_kernel",
+        "k_tiles = tl.cdiv(k_hi - k_lo, BLOCK_K)",
+        "k_tiles = (k_hi - k_lo) // BLOCK_K",
+    return with_kernel(
+        grouped_gemm_kernels, "grouped_gemm_kernel", kernel, grouped_gemm_launcher.grouped_gemm
+
+
+def _halve_block_k_for_small_experts(checked: Any, sorted_ids: Any, block_expert: Any) -> Any:
+    """``(args, config)`` with BLOCK_K halved when the launch's largest expert M is <= 4."""
+    args, config = checked
+    used = args.num_padded
+    ids = sorted_ids[:used].cpu().long()
+    experts = block_expert.cpu().long().repeat_interleave(args.block_m)[:used]
+    counts = experts[ids < args.t * args.k].bincount(minlength=args.e)
+    if int(counts.max()) <= 4:
+        config = replace(config, block_k=max(16, config.block_k // 2))
+    return args, config
+
+
+def grouped_gemm_block_k_from_expert_m() -> Callable[..., Any]:
+    return mutate(  # type: ignore[no-any-return]
+        grouped_gemm_launcher,
+        "grouped_gemm",
+        "args, cfg = checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot)",
+        "args, cfg = halve_block_k_for_small_experts("
+        "checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot), sorted_ids, block_expert)",
+        extra_globals={"halve_block_k_for_small_experts": _halve_block_k_for_small_experts},
