@@ -43,11 +43,11 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "log_softmax",
     "mean",
     "decode_attention",
-    "moe_align",
-    "moe_combine",
-    "swiglu",
     "moe_router",
+    "moe_align",
     "grouped_gemm",
+    "swiglu",
+    "moe_combine",
 )
 
 #: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.
