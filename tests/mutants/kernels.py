@@ -221,6 +221,8 @@ def moe_combine_fp32_accumulation() -> Callable[..., torch.Tensor]:
         return torch.where(torch.isnan(acc), canonical_nan(expert_out.dtype).to(acc.device), out)
 
     return subject
+
+
 # --- swiglu -----------------------------------------------------------------------------------
 
 
@@ -233,6 +235,8 @@ def swiglu_silu_rounded_to_bf16() -> Callable[..., Any]:
         "silu = exact_fp32(fp32_to_bf16_rne(num / (1.0 + e)))",
     )
     return with_kernel(swiglu_kernels, "swiglu_kernel", kernel, swiglu_launcher.swiglu)
+
+
 # --- moe_router -------------------------------------------------------------------------------
 
 
@@ -254,29 +258,38 @@ def _moe_router_subject(kernel: Any) -> Callable[..., Any]:
 
 
 def moe_router_ties_to_higher_id() -> Callable[..., Any]:
+    kernel = mutate(
         moe_router_kernels,
         "moe_router_kernel",
         "pick = tl.min(tl.where(candidate & (key_flat == best), expert_flat, ID_SENTINEL), axis=0)",
         "pick = tl.max(tl.where(candidate & (key_flat == best), expert_flat, -1), axis=0)",
+    )
     return _moe_router_subject(kernel)
 
 
 def moe_router_weights_through_bf16() -> Callable[..., Any]:
+    kernel = mutate(
         moe_router_kernels,
         "moe_router_kernel",
         "tl.store(weights_ptr + row * stride_weights_row + offs_k, p.to(tl.float32), mask=in_k)",
         "tl.store(weights_ptr + row * stride_weights_row + offs_k, p.to(tl.bfloat16).to(tl.float32), mask=in_k)",
+    )
     return _moe_router_subject(kernel)
+
+
 # --- grouped_gemm -----------------------------------------------------------------------------
 
 
 def grouped_gemm_dropped_partial_k_tile() -> Callable[..., Any]:
+    kernel = mutate(
         grouped_gemm_kernels,
         "grouped_gemm_kernel",
         "k_tiles = tl.cdiv(k_hi - k_lo, BLOCK_K)",
         "k_tiles = (k_hi - k_lo) // BLOCK_K",
+    )
     return with_kernel(
         grouped_gemm_kernels, "grouped_gemm_kernel", kernel, grouped_gemm_launcher.grouped_gemm
+    )
 
 
 def _halve_block_k_for_small_experts(checked: Any, sorted_ids: Any, block_expert: Any) -> Any:
@@ -299,3 +312,4 @@ def grouped_gemm_block_k_from_expert_m() -> Callable[..., Any]:
         "args, cfg = halve_block_k_for_small_experts("
         "checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot), sorted_ids, block_expert)",
         extra_globals={"halve_block_k_for_small_experts": _halve_block_k_for_small_experts},
+    )
