@@ -138,3 +138,37 @@ def split_k(
     if bias is not None:
         acc = acc + bias.to(torch.float32)[None, :]
     return acc.to(args.out_dtype)
+
+
+def other_block_k(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    layout: str = "linear",
+    out_dtype: torch.dtype | None = None,
+    precision: str = "ieee",
+    num_sms: int | None = None,
+) -> torch.Tensor:
+    """The pinned kernel with the table's config but half its BLOCK_K: the negative control of
+    ``config_equivalence``.  Invariant along every batch axis (the config is still keyed on
+    (arch, dtype, N, K) only), but each K tile's partial sum now covers half as many products,
+    so the fp32 accumulation is associated differently: a config the launcher must never pick
+    as "equivalent".  Shapes, dtypes and errors as :func:`batchinv.fast.matmul.matmul`."""
+    from dataclasses import replace
+
+    from batchinv.fast.matmul import matmul, plan
+
+    args = validate(x, weight, bias, layout, out_dtype, precision)
+    cfg = plan(args.m, args.n, args.k, x.dtype, x.device).config
+    config = replace(cfg, block_k=max(16, cfg.block_k // 2))
+    return matmul(
+        x,
+        weight,
+        bias,
+        layout=layout,
+        out_dtype=out_dtype,
+        precision=precision,
+        num_sms=num_sms,
+        config=config,
+    )

@@ -241,7 +241,14 @@ def _run(
             call_with, batch, invariance.sm_partition_counts(sm_count(device if lane.is_gpu else None))
         )
     elif check == "repeat":
-        driver = invariance.repeat(call, batch)
+        # a request-level batch takes its half through the request model (shared operands may
+        # index the requests: grouped_gemm's align tensors)
+        driver = invariance.repeat(call, batch, take=component.requests.take if component.requests else None)
+    elif check == "config_equivalence":
+        if component.configs is None:
+            result.status, result.detail = "skip", "the component declares no configs"
+            return
+        driver = invariance.config_equivalence(call, batch, _config_calls(component, batch, lane))
     elif check in REQUEST_CHECKS:
         driver = _request_check(component, check, case, lane, device, call, batch, generator, result, m_limit)
     else:
@@ -292,6 +299,20 @@ def _request_check(
     result.m_cut = len(sizes) < len(lane_sizes) and any(p.num_rows > 0 for p in pools.values())
     others: Batch | dict[str, Batch] = pools[""] if "" in pools else pools
     return invariance.co_batch(call, batch, others, model, sizes, generator)
+
+
+def _config_calls(component: Component, batch: Batch, lane: Lane) -> dict[str, Callable[[Batch], Outputs]]:
+    """``Component.configs`` as drivers' implementations (each refused if it writes its inputs)."""
+    assert component.configs is not None
+
+    def wrap(fn: Callable[..., Any]) -> Callable[[Batch], Outputs]:
+        def call(b: Batch) -> Outputs:
+            with invariance.inputs_untouched(b):
+                return as_outputs(fn(**b.kwargs()))
+
+        return call
+
+    return {name: wrap(fn) for name, fn in component.configs(batch, lane).items()}
 
 
 @dataclass

@@ -228,13 +228,21 @@ def partition(
     return result
 
 
-def repeat(fn: Impl, batch: Batch, times: int = 3) -> DriverResult:
-    """Repeated calls give the same bits, also after a call of another shape in between."""
+def repeat(
+    fn: Impl,
+    batch: Batch,
+    times: int = 3,
+    take: Callable[[Batch, Sequence[int]], Batch] | None = None,
+) -> DriverResult:
+    """Repeated calls give the same bits, also after a call of another shape in between (the
+    first half of the rows; of the requests through ``take``, a request model's, when given:
+    a request-level batch whose shared operands index its requests cannot be sliced blindly)."""
     result = DriverResult()
     first = _call(fn, batch)
     for i in range(1, times):
         if batch.num_rows > 1:
-            _call(fn, batch.take(slice(0, max(1, batch.num_rows // 2))))
+            half = max(1, batch.num_rows // 2)
+            _call(fn, batch.take(slice(0, half)) if take is None else take(batch, list(range(half))))
         result.record(f"call {i + 1}", compare_outputs(first, _call(fn, batch)))
     return result
 
@@ -242,6 +250,17 @@ def repeat(fn: Impl, batch: Batch, times: int = 3) -> DriverResult:
 def sm_partition_counts(sm_count: int) -> tuple[int, ...]:
     """The partition axis of DESIGN.md: 1, 2, 3, SMs, SMs + 1, 2 * SMs + 1 (deduplicated)."""
     return tuple(dict.fromkeys((1, 2, 3, sm_count, sm_count + 1, 2 * sm_count + 1)))
+
+
+def config_equivalence(fn: Impl, batch: Batch, variants: Mapping[str, Impl]) -> DriverResult:
+    """Every execution in ``variants`` (a config the launcher may pick: other tiles, warps,
+    stages, grid) gives ``fn``'s bits on ``batch``; a differing one is named in ``where``
+    (``config <name>``) with its first differing (row, col)."""
+    result = DriverResult(vacuous="the component declares no other config for this case")
+    expected = _call(fn, batch)
+    for name, variant in variants.items():
+        result.record(f"config {name}", compare_outputs(expected, _call(variant, batch)))
+    return result
 
 
 # --- request-level drivers --------------------------------------------------------------------

@@ -43,6 +43,11 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "log_softmax",
     "mean",
     "decode_attention",
+    "moe_router",
+    "moe_align",
+    "grouped_gemm",
+    "swiglu",
+    "moe_combine",
 )
 
 #: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.
@@ -227,8 +232,11 @@ class ErrorCase:
 ROW_CHECKS: tuple[str, ...] = ("batch_prefix", "position", "row_start", "partition", "repeat")
 #: The request-level invariance checks (components with ``requests``), after the row checks.
 REQUEST_CHECKS: tuple[str, ...] = ("co_batch", "slot", "placement")
+#: The checks of components with several executions (``Component.configs``): every config the
+#: launcher may pick gives the shipped one's bits.
+CONFIG_CHECKS: tuple[str, ...] = ("config_equivalence",)
 #: Every invariance check, in sweep order.
-INVARIANCE_CHECKS: tuple[str, ...] = (*ROW_CHECKS, *REQUEST_CHECKS)
+INVARIANCE_CHECKS: tuple[str, ...] = (*ROW_CHECKS, *REQUEST_CHECKS, *CONFIG_CHECKS)
 CHECKS: tuple[str, ...] = ("agreement", *INVARIANCE_CHECKS)
 
 #: Co-batch sizes (other requests sharing the launch) of the co_batch check; ``--max-m`` cuts them.
@@ -311,6 +319,25 @@ class Component:
             have dim 0 = request (e.g. ``o [R, Q, Hq, D]``, ``lse [R, Q, Hq]``) and its checks are
             agreement, co_batch, slot, placement, partition (with ``partition_arg``) and repeat,
             never batch_prefix, position or row_start.
+        checks: None (the default): the checks follow from the fields above (see
+            :meth:`applicable_checks`).  Otherwise the explicit set of checks that apply, a
+            subset of :data:`CHECKS` with "agreement"; for a *global* component whose output
+            rows are not functions of their own input rows alone (``moe_align``: a pair's
+            position depends on every other token's experts), where the row checks
+            (batch_prefix, position, row_start) would compare things the contract never
+            promised equal.  It can only narrow: "row_start" still needs ``shift_row_start``,
+            "partition" ``partition_arg``, the request checks ``requests``.
+        configs: ``configs(batch, lane) -> {name: fn}``: every other execution the launcher may
+            choose for the batch's problem class (weight shape, dtype) on ``lane`` -- each tile
+            config of a table row, each num_warps / num_stages variant, a split grid -- as a
+            callable with the fast signature.  The ``config_equivalence`` check runs each on
+            the batch and requires the subject's bits (the shipped launch's, for ``fast``).
+            Only configs that are *supposed* to be equivalent belong here (the same reduction
+            order: e.g. the same BLOCK_K).  Its negative control reuses the baseline machinery:
+            a :class:`Baseline` whose ``fn`` is the launcher pinned to a config with another
+            reduction order (another BLOCK_K) must be detected by ``config_equivalence``
+            (``checks.negative_control`` raises ``VarianceDetected`` naming the config).
+            None: the component has one execution; the check does not apply.
     """
 
     name: str
@@ -332,8 +359,17 @@ class Component:
     fast_path: Callable[[Batch], bool] | None = None
     oracle: Callable[..., Any] | None = None
     requests: RequestModel | None = None
+    checks: tuple[str, ...] | None = None
+    configs: Callable[[Batch, Lane], Mapping[str, Callable[..., Any]]] | None = None
 
     def __post_init__(self) -> None:
+        if self.checks is not None:
+            unknown = [c for c in self.checks if c not in CHECKS]
+            if unknown or "agreement" not in self.checks:
+                raise ValueError(
+                    f"component {self.name!r}: checks must name known checks ({', '.join(CHECKS)}) "
+                    f"and include 'agreement'; got {self.checks!r}"
+                )
         if self.fast_path is not None and self.oracle is None:
             raise ValueError(
                 f"component {self.name!r}: fast_path needs an oracle (agreement off the fast path "
@@ -354,11 +390,21 @@ class Component:
 
     def applicable_checks(self) -> tuple[str, ...]:
         """The checks that apply to this component (row_start and partition are optional; a
-        request-level component has the request checks instead of the row checks)."""
+        request-level component has the request checks instead of the row checks; ``checks``,
+        when set, narrows them to its members)."""
+        derived = self._derived_checks()
+        if self.checks is None:
+            return derived
+        return tuple(c for c in derived if c in self.checks)
+
+    def _derived_checks(self) -> tuple[str, ...]:
+        configs = CONFIG_CHECKS if self.configs is not None else ()
         if self.requests is not None:
             partition = ("partition",) if self.partition_arg is not None else ()
-            return ("agreement", *REQUEST_CHECKS, *partition, "repeat")
+            return ("agreement", *REQUEST_CHECKS, *partition, "repeat", *configs)
         skip = set(REQUEST_CHECKS)
+        if self.configs is None:
+            skip.update(CONFIG_CHECKS)
         if self.shift_row_start is None:
             skip.add("row_start")
         if self.partition_arg is None:

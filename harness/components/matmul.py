@@ -20,7 +20,9 @@ real batch share a layer's weight.
 
 from __future__ import annotations
 
+import functools
 import zlib
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -260,6 +262,36 @@ def bound(batch: Batch, reference: Outputs) -> Outputs:
     return _bound_of(ref_matmul.tolerance_bound, batch, reference)
 
 
+def configs(batch: Batch, lane: Lane) -> dict[str, Any]:
+    """The executions the launcher may choose for ``batch``'s (dtype, N, K), besides the table's:
+    other BLOCK_M / BLOCK_N / GROUP_M tiles and num_warps / num_stages, always the table's
+    BLOCK_K (the reduction order: every output is the same fp32 sum over the same K tiles).
+    Named ``BMxBNxBK gG wW sS``.  Under the interpreter warps and stages are ignored but the
+    tile shapes run; on GPU lanes the variants keep shared memory under the H200's 227 KB."""
+    x, weight = batch.rows["x"], batch.shared["weight"]
+    layout = batch.shared.get("layout", "linear")
+    n = weight.shape[0] if layout == "linear" else weight.shape[1]
+    cfg = fast_matmul.plan(x.shape[0], n, x.shape[1], x.dtype, x.device).config
+    if not lane.is_gpu:
+        variants = [
+            replace(cfg, block_m=32, block_n=128, group_m=1),
+            replace(cfg, block_m=128, block_n=32, num_warps=8, num_stages=2),
+        ]
+    else:
+        variants = [
+            replace(cfg, block_m=16, num_stages=2),
+            replace(cfg, block_n=64 if cfg.block_n != 64 else 128, num_warps=8 if cfg.num_warps == 4 else 4),
+            replace(cfg, block_m=64 if cfg.block_m != 64 else 128, block_n=64, group_m=1, num_stages=2),
+        ]
+    out = {}
+    for v in variants:
+        if v == cfg:
+            continue
+        name = f"{v.block_m}x{v.block_n}x{v.block_k} g{v.group_m} w{v.num_warps} s{v.num_stages}"
+        out[name] = functools.partial(fast_matmul.matmul, config=v)
+    return out
+
+
 def error_cases(device: torch.device) -> list[ErrorCase]:
     """Bad inputs: each raises a typed error naming the argument (fast and reference alike)."""
 
@@ -419,6 +451,13 @@ COMPONENT = Component(
             lanes=GPU_LANES,
             env={"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUBLASLT_WORKSPACE_SIZE": "1"},
         ),
+        Baseline(
+            "other_block_k",
+            bl.other_block_k,
+            "config_equivalence's negative control: the table's config with half its BLOCK_K (another "
+            "association of each fp32 sum), a config that must never be declared equivalent",
+            expected_to_vary_on=ALL_LANES,
+        ),
         # The :0:0 + cuBLASLt recipe is not swept: it crashes ("OOM trying to allocate workspace
         # for cublaslt") on every case without a bias, and a crashing baseline fails the sweep.
         # `batchinv audit cublas` still audits it (pin_lt_ws0) and reports the crash per shape.
@@ -457,4 +496,5 @@ COMPONENT = Component(
     partition_arg="num_sms",
     strategy=_strategy,
     bench_cases=bench_cases,
+    configs=configs,
 )

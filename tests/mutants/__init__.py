@@ -148,4 +148,58 @@ MUTANTS: tuple[Mutant, ...] = (
         ("agreement",),
         every_case=lambda case: case.axes["lengths"] == "merge_order",
     ),
+    Mutant(
+        "moe_combine_reverse_slot_order",
+        "moe_combine",
+        kernels.moe_combine_reverse_slots,
+        "the combine adds a token's slots from j = k-1 down to 0 (fp64, same products)",
+        ("agreement",),
+        every_case=lambda case: case.axes["values"] == "cancel" and case.axes["k"] >= 5,
+    ),
+    Mutant(
+        "moe_combine_fp32_accumulation",
+        "moe_combine",
+        kernels.moe_combine_fp32_accumulation,
+        "the combine's products and accumulator in fp32 instead of fp64 (slot order kept)",
+        ("agreement",),
+        # with weights: the fp32 products round (without, bf16 terms S + s still fit in fp32)
+        every_case=lambda case: case.axes["values"] == "cancel" and case.axes["weights"],
+    ),
+    Mutant(
+        "swiglu_silu_rounded_to_bf16",
+        "swiglu",
+        kernels.swiglu_silu_rounded_to_bf16,
+        "silu(g) is rounded to bf16 before the product (a 16-bit intermediate, as F.silu(gate) * up)",
+        ("agreement",),
+        every_case=lambda case: case.axes["rows"] > 2,
+    ),
+    Mutant(
+        "moe_router_ties_to_higher_id",
+        "moe_router",
+        kernels.moe_router_ties_to_higher_id,
+        "equal selection keys: the higher expert id is taken first instead of the lower",
+        ("agreement",),
+    ),
+    Mutant(
+        "moe_router_weights_through_bf16",
+        "moe_router",
+        kernels.moe_router_weights_through_bf16,
+        "the fp64 weights rounded through bf16 before fp32 (a 16-bit weights buffer)",
+        ("agreement",),
+    ),
+    Mutant(
+        "grouped_gemm_dropped_partial_k_tile",
+        "grouped_gemm",
+        kernels.grouped_gemm_dropped_partial_k_tile,
+        "k_tiles = (k_hi - k_lo) // BLOCK_K: the last, partial K tile is never added",
+        ("agreement",),
+        every_case=lambda case: int(case.axes["K"]) % 64 != 0,  # the interpreter's BLOCK_K
+    ),
+    Mutant(
+        "grouped_gemm_block_k_from_expert_m",
+        "grouped_gemm",
+        kernels.grouped_gemm_block_k_from_expert_m,
+        "the launcher halves BLOCK_K when the launch's largest expert M is <= 4 (a per-M config)",
+        ("co_batch",),
+    ),
 )

@@ -14,15 +14,23 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
+import torch
+
 import batchinv.fast.kernels.decode_attention as attention_kernels
+import batchinv.fast.kernels.grouped_gemm as grouped_gemm_kernels
 import batchinv.fast.kernels.matmul as matmul_kernels
 import batchinv.fast.kernels.mean as mean_kernels
+import batchinv.fast.kernels.moe_router as moe_router_kernels
 import batchinv.fast.kernels.softmax as softmax_kernels
+import batchinv.fast.kernels.swiglu as swiglu_kernels
 import batchinv.fast.kernels.topk as topk_kernels
 from batchinv.fast import decode_attention as attention_launcher
+from batchinv.fast import grouped_gemm as grouped_gemm_launcher
 from batchinv.fast import matmul as matmul_launcher
 from batchinv.fast import mean as mean_launcher
+from batchinv.fast import moe_router as moe_router_launcher
 from batchinv.fast import softmax as softmax_launcher
+from batchinv.fast import swiglu as swiglu_launcher
 from batchinv.fast import topk as topk_launcher
 from batchinv.reference.topk import topk as reference_topk
 
@@ -184,3 +192,124 @@ def decode_attention_merge_in_descending_order() -> Callable[..., Any]:
         "for s in range(num_splits - 1, -1, -1):",
     )
     return _attention_subject("decode_attention_merge_kernel", kernel)
+
+
+def moe_combine_reverse_slots() -> Callable[..., torch.Tensor]:
+    """The pinned combine kernel summing a token's slots from j = k-1 down to 0 (fp64 still)."""
+    from batchinv.fast.moe_combine import launch
+    from batchinv.reference.moe_combine import check_moe_combine_args
+
+    def subject(expert_out: torch.Tensor, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+        check_moe_combine_args(expert_out, topk_weights)
+        return launch(expert_out, topk_weights, reverse=True)
+
+    return subject
+
+
+def moe_combine_fp32_accumulation() -> Callable[..., torch.Tensor]:
+    """The combine with fp32 products and an fp32 accumulator (slot order kept), one cast."""
+    from batchinv.reference.moe_combine import canonical_nan, check_moe_combine_args
+
+    def subject(expert_out: torch.Tensor, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+        check_moe_combine_args(expert_out, topk_weights)
+        y = expert_out.float()
+        terms = y if topk_weights is None else topk_weights[:, :, None] * y
+        acc = terms[:, 0]
+        for j in range(1, y.shape[1]):
+            acc = acc + terms[:, j]
+        out = acc.to(expert_out.dtype)
+        return torch.where(torch.isnan(acc), canonical_nan(expert_out.dtype).to(acc.device), out)
+
+    return subject
+
+
+# --- swiglu -----------------------------------------------------------------------------------
+
+
+def swiglu_silu_rounded_to_bf16() -> Callable[..., Any]:
+    """silu(g) rounded to bf16 before the product: the unfused ``F.silu(gate) * up`` precision."""
+    kernel = mutate(
+        swiglu_kernels,
+        "swiglu_kernel",
+        "silu = num / (1.0 + e)",
+        "silu = exact_fp32(fp32_to_bf16_rne(num / (1.0 + e)))",
+    )
+    return with_kernel(swiglu_kernels, "swiglu_kernel", kernel, swiglu_launcher.swiglu)
+
+
+# --- moe_router -------------------------------------------------------------------------------
+
+
+def _moe_router_subject(kernel: Any) -> Callable[..., Any]:
+    def moe_router(
+        logits: Any,
+        top_k: Any,
+        scoring: Any = "softmax",
+        renormalize: Any = False,
+        correction_bias: Any = None,
+        n_group: Any = 1,
+        topk_group: Any = 1,
+    ) -> Any:
+        return moe_router_launcher.launch(
+            kernel, logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group
+        )
+
+    return moe_router
+
+
+def moe_router_ties_to_higher_id() -> Callable[..., Any]:
+    kernel = mutate(
+        moe_router_kernels,
+        "moe_router_kernel",
+        "pick = tl.min(tl.where(candidate & (key_flat == best), expert_flat, ID_SENTINEL), axis=0)",
+        "pick = tl.max(tl.where(candidate & (key_flat == best), expert_flat, -1), axis=0)",
+    )
+    return _moe_router_subject(kernel)
+
+
+def moe_router_weights_through_bf16() -> Callable[..., Any]:
+    kernel = mutate(
+        moe_router_kernels,
+        "moe_router_kernel",
+        "tl.store(weights_ptr + row * stride_weights_row + offs_k, p.to(tl.float32), mask=in_k)",
+        "tl.store(weights_ptr + row * stride_weights_row + offs_k, p.to(tl.bfloat16).to(tl.float32), mask=in_k)",
+    )
+    return _moe_router_subject(kernel)
+
+
+# --- grouped_gemm -----------------------------------------------------------------------------
+
+
+def grouped_gemm_dropped_partial_k_tile() -> Callable[..., Any]:
+    kernel = mutate(
+        grouped_gemm_kernels,
+        "grouped_gemm_kernel",
+        "k_tiles = tl.cdiv(k_hi - k_lo, BLOCK_K)",
+        "k_tiles = (k_hi - k_lo) // BLOCK_K",
+    )
+    return with_kernel(
+        grouped_gemm_kernels, "grouped_gemm_kernel", kernel, grouped_gemm_launcher.grouped_gemm
+    )
+
+
+def _halve_block_k_for_small_experts(checked: Any, sorted_ids: Any, block_expert: Any) -> Any:
+    """``(args, config)`` with BLOCK_K halved when the launch's largest expert M is <= 4."""
+    args, config = checked
+    used = args.num_padded
+    ids = sorted_ids[:used].cpu().long()
+    experts = block_expert.cpu().long().repeat_interleave(args.block_m)[:used]
+    counts = experts[ids < args.t * args.k].bincount(minlength=args.e)
+    if int(counts.max()) <= 4:
+        config = replace(config, block_k=max(16, config.block_k // 2))
+    return args, config
+
+
+def grouped_gemm_block_k_from_expert_m() -> Callable[..., Any]:
+    return mutate(  # type: ignore[no-any-return]
+        grouped_gemm_launcher,
+        "grouped_gemm",
+        "args, cfg = checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot)",
+        "args, cfg = halve_block_k_for_small_experts("
+        "checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot), sorted_ids, block_expert)",
+        extra_globals={"halve_block_k_for_small_experts": _halve_block_k_for_small_experts},
+    )

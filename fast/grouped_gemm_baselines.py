@@ -1,0 +1,116 @@
+"""Unpinned grouped GEMMs, run as negative controls beside :mod:`batchinv.fast.grouped_gemm`.
+
+Both choose their reduction per expert from the expert's M (its number of routed rows in this
+launch), as production fused-MoE paths do, so a token's bits change with the other tokens:
+
+* :func:`split_k_small_m` -- split-K for small-M experts (decode fills the machine by cutting
+  K): fp32 partials of K slices summed pairwise after the kernel.
+* :func:`bucket_block_k` -- a config per M bucket (vLLM's tuned JSON configs are keyed on the
+  batch size): BLOCK_K halved for small-M experts.
+
+Both launch the shipped kernel; they differ from the fast path only in the per-M choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from batchinv.fast.device import interpreting
+from batchinv.fast.grouped_gemm import checked, launch
+from batchinv.reference.grouped_gemm import GroupedGemmArgs
+
+#: Expert-M thresholds: (split into 4 at M <=, split into 2 at M <=); the bucket threshold.
+_SPLIT_M = {"interp": (1, 3), "gpu": (16, 64)}
+_BUCKET_M = {"interp": 4, "gpu": 32}
+
+
+def _lane() -> str:
+    return "interp" if interpreting() else "gpu"
+
+
+def _expert_m(sorted_ids: torch.Tensor, block_expert: torch.Tensor, args: GroupedGemmArgs) -> torch.Tensor:
+    """Each block's expert M (rows routed to the block's expert in this launch), [B] int64 CPU;
+    0 for unused blocks."""
+    used = args.num_padded
+    ids = sorted_ids[:used].cpu().to(torch.int64)
+    experts = block_expert.cpu().to(torch.int64)
+    per_row = experts.repeat_interleave(args.block_m)[:used]
+    counts = torch.bincount(per_row[ids < args.t * args.k], minlength=args.e)
+    m = torch.zeros(experts.numel(), dtype=torch.int64)
+    m[: used // args.block_m] = counts[experts[: used // args.block_m]]
+    return m
+
+
+def _masked(block_expert: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``block_expert`` with the blocks not in ``keep`` set to -1 (skipped by the kernel)."""
+    return torch.where(keep.to(block_expert.device), block_expert, torch.full_like(block_expert, -1))
+
+
+def split_k_small_m(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    block_expert: torch.Tensor,
+    num_padded: torch.Tensor,
+    top_k: int,
+    a_per_slot: bool = False,
+) -> torch.Tensor:
+    """Grouped GEMM with split-K for small-M experts (4 or 2 K slices by the expert's M); the
+    fp32 slice partials are added pairwise ((p0 + p1) + (p2 + p3)) and rounded once.  Within
+    the bound, but a token's bits change with how many other tokens share its experts."""
+    args, cfg = checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot)
+    out = torch.empty(args.t * args.k, args.n, dtype=a.dtype, device=a.device)
+    m = _expert_m(sorted_ids, block_expert, args)
+    four, two = _SPLIT_M[_lane()]
+    used = torch.zeros_like(m, dtype=torch.bool)
+    used[: args.num_padded // args.block_m] = True
+    for splits, keep in ((1, used & (m > two)), (2, used & (m > four) & (m <= two)), (4, used & (m <= four))):
+        if not bool(keep.any()):
+            continue
+        be = _masked(block_expert, keep)
+        if splits == 1:
+            launch(a, w, sorted_ids, be, num_padded, args, a_per_slot, cfg, out)
+            continue
+        kps = -(-args.kdim // splits)  # ceil(K / splits): slices need not align with BLOCK_K
+        ws = torch.zeros(splits, args.t * args.k, args.n, dtype=torch.float32, device=a.device)
+        launch(a, w, sorted_ids, be, num_padded, args, a_per_slot, cfg, ws, splits=splits, k_per_split=kps)
+        parts = list(ws)
+        while len(parts) > 1:
+            parts = [
+                parts[i] + parts[i + 1] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)
+            ]
+        rows = _rows_of(sorted_ids, be, args)
+        out[rows] = parts[0][rows].to(a.dtype)
+    return out.view(args.t, args.k, args.n)
+
+
+def _rows_of(sorted_ids: torch.Tensor, block_expert: torch.Tensor, args: GroupedGemmArgs) -> torch.Tensor:
+    """The flat rows of the blocks with an expert >= 0 (int64, on the ids' device)."""
+    used = args.num_padded
+    ids = sorted_ids[:used].to(torch.int64)
+    keep = block_expert.to(torch.int64).repeat_interleave(args.block_m)[:used] >= 0
+    keep &= ids < args.t * args.k
+    return ids[keep]
+
+
+def bucket_block_k(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    block_expert: torch.Tensor,
+    num_padded: torch.Tensor,
+    top_k: int,
+    a_per_slot: bool = False,
+) -> torch.Tensor:
+    """Grouped GEMM whose BLOCK_K comes from the expert's M bucket (halved at or below the
+    threshold): a per-M config, so another summation grouping per expert M."""
+    args, cfg = checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot)
+    out = torch.empty(args.t * args.k, args.n, dtype=a.dtype, device=a.device)
+    m = _expert_m(sorted_ids, block_expert, args)
+    small = m <= _BUCKET_M[_lane()]
+    small_cfg = replace(cfg, block_k=max(16, cfg.block_k // 2))
+    launch(a, w, sorted_ids, _masked(block_expert, ~small), num_padded, args, a_per_slot, cfg, out)
+    launch(a, w, sorted_ids, _masked(block_expert, small), num_padded, args, a_per_slot, small_cfg, out)
+    return out.view(args.t, args.k, args.n)

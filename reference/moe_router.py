@@ -1,0 +1,237 @@
+"""Reference MoE router: exact fp32 selection keys, stable sorts, fp64 weights (docs/MOE.md, 1).
+
+Dimension legend:
+    T: num_tokens    rows of the launch (one token each)
+    E: num_experts   columns of ``logits``
+    k: top_k         routed experts per token (slots)
+    G: n_group       expert groups (DeepSeek-V3 grouped top-k); S = E / G experts per group
+
+Selection.  Each expert gets an fp32 *selection value* ``v``:
+
+* ``scoring="softmax"``: ``v = logit`` (softmax is monotone), NaNs with their own bits;
+* ``scoring="sigmoid"``: ``v = fp32(sigmoid64(logit)) [+ bias]``: ``sigmoid64(x) =
+  1 / (1 + exp(-x))`` in fp64 (``x`` the fp32 logit read exactly), rounded once to fp32, then
+  one fp32 add of ``correction_bias`` when given; a NaN ``v`` is canonicalized to the quiet NaN
+  0x7fc00000 (its bits after fp64 arithmetic are not portable).
+
+Ranking is by :func:`batchinv.reference.topk.monotone_key` of ``v`` (``-0`` as ``+0``, positive
+NaNs above ``+inf``, negative NaNs below ``-inf``), exact ties to the lower expert id.
+
+Groups (``n_group > 1``): a group's score is ``fp32(a + b)`` where ``a``, ``b`` are the values of
+the group's two best keys (read back from the keys, so ``-0`` reads ``+0``; ``a`` alone when
+``S == 1``), a NaN sum canonicalized as above; the ``topk_group`` groups with the largest keys of
+their score are kept (ties to the lower group) and the ``k`` experts are chosen among the kept
+groups' experts only (never an expert of a dropped group, never a duplicate id).
+
+Weights: the chosen experts' scores in fp64 -- softmax over all E ``exp(x - m) / sum_e exp(x_e -
+m)`` with ``m`` the largest non-NaN logit, or ``sigmoid64(x)`` (never the bias) -- divided by
+their sum over slots j = 0..k-1 (added in slot order) when ``renormalize``.  The reference
+returns them in fp64: the contract's output is that value rounded once to fp32.  IEEE
+propagation: a row with a NaN or ``+inf`` logit, or with every logit ``-inf``, has NaN softmax
+weights (the ids are still defined by the keys).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+from batchinv.reference.errors import ArgumentError, DTypeError, check_same_device, check_tensor
+from batchinv.reference.topk import monotone_key
+
+__all__ = [
+    "CANONICAL_NAN_BITS",
+    "SCORINGS",
+    "check_router_arguments",
+    "group_keys",
+    "moe_router",
+    "selection_keys",
+    "selection_values",
+    "value_of_key",
+]
+
+#: The scoring functions of the contract.
+SCORINGS: tuple[str, ...] = ("softmax", "sigmoid")
+#: The quiet NaN every computed NaN selection value is replaced by (sigmoid values, group sums).
+CANONICAL_NAN_BITS = 0x7FC00000
+_MAGNITUDE_MASK = 0x7FFFFFFF
+
+
+def _integral(name: str, value: Any) -> int:
+    expected = "an integral (int, numpy integer, ...; not a bool)"
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise DTypeError(name, expected, type(value).__name__)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise DTypeError(name, expected, type(value).__name__) from None
+
+
+def check_router_arguments(
+    logits: Any,
+    top_k: Any,
+    scoring: Any,
+    renormalize: Any,
+    correction_bias: Any,
+    n_group: Any,
+    topk_group: Any,
+) -> tuple[int, int, int]:
+    """Validate the arguments of :func:`moe_router` (shared with the fast path).
+
+    Returns:
+        ``(top_k, n_group, topk_group)`` as Python ints.
+
+    Raises:
+        DTypeError: ``logits`` not a float32 tensor, ``correction_bias`` not float32, an integral
+            argument that is not one (or a bool), ``renormalize`` not a bool.
+        ArgumentError: ``logits`` not 2-D; ``scoring`` not "softmax" or "sigmoid";
+            ``top_k < 1`` or ``top_k > E``; ``n_group < 1`` or not dividing E; ``topk_group``
+            outside ``[1, n_group]``; ``top_k`` more than the kept groups hold
+            (``topk_group * E / n_group``); ``correction_bias`` not ``[E]`` or given with softmax.
+        DeviceError: ``correction_bias`` on another device; a tensor on the meta device.
+    """
+    check_tensor("logits", logits, dtypes=(torch.float32,), ndim=2)
+    num_experts = logits.shape[1]
+    if not isinstance(scoring, str) or scoring not in SCORINGS:
+        raise ArgumentError("scoring", "'softmax' or 'sigmoid'", scoring)
+    if not isinstance(renormalize, bool):
+        raise DTypeError("renormalize", "a bool", type(renormalize).__name__)
+    top_k = _integral("top_k", top_k)
+    if top_k < 1 or top_k > num_experts:
+        raise ArgumentError("top_k", f"an int in [1, E = {num_experts}]", top_k)
+    n_group = _integral("n_group", n_group)
+    if n_group < 1 or num_experts % n_group:
+        raise ArgumentError("n_group", f"an int >= 1 dividing E = {num_experts}", n_group)
+    topk_group = _integral("topk_group", topk_group)
+    if topk_group < 1 or topk_group > n_group:
+        raise ArgumentError("topk_group", f"an int in [1, n_group = {n_group}]", topk_group)
+    kept = topk_group * (num_experts // n_group)
+    if top_k > kept:
+        raise ArgumentError("top_k", f"at most topk_group * E / n_group = {kept} (the kept experts)", top_k)
+    if correction_bias is not None:
+        if scoring != "sigmoid":
+            raise ArgumentError("correction_bias", "None with scoring='softmax'", "a tensor")
+        check_tensor("correction_bias", correction_bias, dtypes=(torch.float32,), ndim=1)
+        if correction_bias.shape[0] != num_experts:
+            raise ArgumentError("correction_bias", f"length E = {num_experts}", correction_bias.shape[0])
+        check_same_device("correction_bias", correction_bias, logits.device)
+    return top_k, n_group, topk_group
+
+
+def _canonical_nan(v: torch.Tensor) -> torch.Tensor:
+    nan = torch.tensor(CANONICAL_NAN_BITS, dtype=torch.int32, device=v.device).view(torch.float32)
+    return torch.where(torch.isnan(v), nan, v)
+
+
+def sigmoid64(x: torch.Tensor) -> torch.Tensor:
+    """``1 / (1 + exp(-x))`` in fp64, ``x`` read exactly (this formula, not ``torch.sigmoid``)."""
+    x64 = x.to(torch.float64)
+    return 1.0 / (1.0 + torch.exp(-x64))
+
+
+def selection_values(
+    logits: torch.Tensor, scoring: str, correction_bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The fp32 selection value of every expert ``[T, E]`` (see the module docstring)."""
+    if scoring == "softmax":
+        return logits.resolve_neg()
+    v = sigmoid64(logits).to(torch.float32)  # [T, E] one rounding
+    if correction_bias is not None:
+        v = v + correction_bias.resolve_neg()[None, :]  # one fp32 add
+    return _canonical_nan(v)
+
+
+def selection_keys(logits: torch.Tensor, scoring: str, correction_bias: torch.Tensor | None) -> torch.Tensor:
+    """int32 ``[T, E]``: :func:`monotone_key` of :func:`selection_values`."""
+    return monotone_key(selection_values(logits, scoring, correction_bias))
+
+
+def value_of_key(key: torch.Tensor) -> torch.Tensor:
+    """The fp32 value of a monotone key (its inverse; ``-0`` comes back as ``+0``)."""
+    bits = torch.where(key < 0, key ^ _MAGNITUDE_MASK, key)
+    return bits.view(torch.float32)
+
+
+def group_keys(key: torch.Tensor, n_group: int) -> torch.Tensor:
+    """int32 ``[T, G]``: the key of each group's score (sum of its two best values, in fp32)."""
+    num_tokens, num_experts = key.shape
+    grouped = key.reshape(num_tokens, n_group, num_experts // n_group)  # [T, G, S]
+    best = torch.sort(grouped, dim=2, descending=True, stable=True).values  # [T, G, S]
+    if grouped.shape[2] == 1:
+        return best[:, :, 0]
+    total = value_of_key(best[:, :, 0].contiguous()) + value_of_key(best[:, :, 1].contiguous())  # fp32
+    return monotone_key(_canonical_nan(total))
+
+
+def _ranked(key: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
+    """Columns ordered by (eligible, key descending, column ascending): two stable sorts."""
+    by_key = torch.sort(key, dim=1, descending=True, stable=True).indices
+    first = torch.sort(eligible.gather(1, by_key).to(torch.int8), dim=1, descending=True, stable=True)
+    return by_key.gather(1, first.indices)
+
+
+def moe_router(
+    logits: torch.Tensor,
+    top_k: int,
+    scoring: str = "softmax",
+    renormalize: bool = False,
+    correction_bias: torch.Tensor | None = None,
+    n_group: int = 1,
+    topk_group: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Route each token to its ``top_k`` experts (reference; fp64 weights).
+
+    Args:
+        logits: float32 ``[T, E]``, any strides, every bit pattern allowed.
+        top_k: integral in ``[1, E]`` (and ``<= topk_group * E / n_group``).
+        scoring: "softmax" or "sigmoid".
+        renormalize: divide the chosen scores by their sum (fp64, slot order).
+        correction_bias: float32 ``[E]`` (sigmoid only) or None: added to the fp32 sigmoid for
+            the selection, never to the weights (DeepSeek-V3's ``e_score_correction_bias``).
+        n_group, topk_group: grouped top-k (1, 1: plain top-k).
+
+    Returns:
+        ``(topk_weights float64 [T, k], topk_ids int32 [T, k])``: slot j holds the j-th best
+        expert (key descending, ties to the lower id).  The fast kernel returns the weights
+        rounded once to fp32.  A token's outputs depend on its own logits only (row-wise).
+
+    Raises:
+        DTypeError, ArgumentError, DeviceError: see :func:`check_router_arguments`.
+
+    Source:
+        docs/MOE.md section 1; keys as :mod:`batchinv.reference.topk`; grouped top-k as
+        DeepSeek-V3 (group score = sum of the top-2 biased sigmoid scores).
+    """
+    top_k, n_group, topk_group = check_router_arguments(
+        logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group
+    )
+    num_tokens, num_experts = logits.shape
+    device = logits.device
+    key = selection_keys(logits, scoring, correction_bias)  # [T, E] int32
+    eligible = torch.ones(num_tokens, num_experts, dtype=torch.bool, device=device)
+    if n_group > 1 and topk_group < n_group and num_tokens:
+        gkey = group_keys(key, n_group)  # [T, G]
+        order = torch.sort(gkey, dim=1, descending=True, stable=True).indices  # [T, G]
+        kept = torch.zeros(num_tokens, n_group, dtype=torch.bool, device=device)
+        kept.scatter_(1, order[:, :topk_group], True)
+        eligible = kept.repeat_interleave(num_experts // n_group, dim=1)  # [T, E]
+    ids = _ranked(key, eligible)[:, :top_k]  # [T, k] int64
+    assert bool(eligible.gather(1, ids).all()), "an expert of a dropped group was chosen"
+
+    x64 = logits.resolve_neg().to(torch.float64)  # [T, E]
+    chosen = x64.gather(1, ids)  # [T, k]
+    if scoring == "softmax":
+        finite_or_inf = torch.where(torch.isnan(x64), torch.full_like(x64, float("-inf")), x64)
+        m = finite_or_inf.amax(dim=1, keepdim=True) if num_experts else x64[:, :1]  # [T, 1]
+        total = torch.exp(x64 - m).sum(dim=1, keepdim=True)  # [T, 1]
+        p = torch.exp(chosen - m) / total  # [T, k]
+    else:
+        p = sigmoid64(chosen)
+    if renormalize:
+        denom = p[:, 0]
+        for j in range(1, top_k):
+            denom = denom + p[:, j]
+        p = p / denom[:, None]
+    return p, ids.to(torch.int32)

@@ -1,0 +1,75 @@
+"""The ``config_equivalence`` check has teeth: a planted config with another BLOCK_K is named.
+
+The shipped matmul's declared configs (other BLOCK_M / BLOCK_N / warps / stages, the same
+BLOCK_K) agree bitwise on the cpu lane; a config with half the BLOCK_K slipped into the
+declared set changes the association of every fp32 sum and the check fails naming it.  The
+driver itself is checked on planted functions, and the check applies only to components that
+declare configs.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+import pytest
+import torch
+
+from batchinv.fast import matmul as fast_matmul
+from batchinv.harness import invariance
+from batchinv.harness.checks import FAST, run_check
+from batchinv.harness.lanes import Lane
+from batchinv.harness.registry import Batch, components, get
+
+pytestmark = pytest.mark.cpu
+
+
+def _with_planted_block_k(component):
+    declared = component.configs
+
+    def configs(batch, lane):
+        out = dict(declared(batch, lane))
+        x, w = batch.rows["x"], batch.shared["weight"]
+        cfg = fast_matmul.plan(x.shape[0], w.shape[0], x.shape[1], x.dtype, x.device).config
+        planted = replace(cfg, block_k=cfg.block_k // 2)
+        out[f"planted_block_k_{planted.block_k}"] = functools.partial(fast_matmul.matmul, config=planted)
+        return out
+
+    return replace(component, configs=configs)
+
+
+def test_a_planted_config_with_another_block_k_is_detected_and_named():
+    comp = get("matmul")
+    case = comp.cases(Lane.CPU)[0]  # K = 160: two K tiles of 128, or three of 64
+    shipped = run_check(comp, FAST, "config_equivalence", case, Lane.CPU)
+    assert shipped.status == "pass", shipped.detail
+    planted = run_check(_with_planted_block_k(comp), FAST, "config_equivalence", case, Lane.CPU)
+    assert planted.status == "fail"
+    assert planted.where == ["config planted_block_k_64"], planted.where
+    assert planted.rows_differing > 0 and "config planted_block_k_64" in planted.first_difference
+
+
+def test_driver_names_the_differing_config_and_passes_equal_ones():
+    batch = Batch({"x": torch.arange(12.0).reshape(4, 3)})
+
+    def shipped(b):
+        return (b.rows["x"] * 3.0,)
+
+    def same(b):
+        return (b.rows["x"] * 2.0 + b.rows["x"],)
+
+    def other(b):
+        return (b.rows["x"] * 3.0 + 1e-3,)
+
+    ok = invariance.config_equivalence(shipped, batch, {"same": same})
+    assert ok.passed and ok.comparisons == 1
+    bad = invariance.config_equivalence(shipped, batch, {"same": same, "other": other})
+    assert not bad.passed and bad.where == ["config other"]
+    empty = invariance.config_equivalence(shipped, batch, {})
+    assert empty.passed and empty.comparisons == 0  # reported skip by the check, never pass
+
+
+def test_the_check_applies_only_to_components_declaring_configs():
+    for comp in components():
+        assert ("config_equivalence" in comp.applicable_checks()) == (comp.configs is not None), comp.name
+    assert "config_equivalence" in get("matmul").applicable_checks()
