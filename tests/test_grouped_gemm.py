@@ -1,4 +1,4 @@
-"""Tests of the MoE grouped GEMM (``grouped_gemm``): the align stand-in's layout, the config
+"""Tests of the MoE grouped GEMM (``grouped_gemm``): the align (moe_align) layout, the config
 table, sentinel rows never read nor written, the request model's rebuild of the align tensors,
 per-token invariance in an expert's M, the per-slot input, and the block_m check.
 

@@ -306,7 +306,7 @@ def bound(batch: Batch, reference: Outputs) -> Outputs:
     x = kw["hidden"].double()
     w13, w2 = kw["w13"], kw["w2"]
     on_input = kw["apply_router_weight_on_input"]
-    t, k, two_i = terms.gate_up.shape
+    _, k, two_i = terms.gate_up.shape
     i, h = two_i // 2, x.shape[1]
     p = terms.weights.abs()  # [T, k]
     rel_w = 4.1 * logit_movement(kw["hidden"], kw["router_weight"])[:, None] + 2.0**-22
