@@ -48,6 +48,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "grouped_gemm",
     "swiglu",
     "moe_combine",
+    "fused_moe",
 )
 
 #: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.

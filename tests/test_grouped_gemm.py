@@ -1,4 +1,4 @@
-"""Tests of the MoE grouped GEMM (``grouped_gemm``): the align stand-in's layout, the config
+"""Tests of the MoE grouped GEMM (``grouped_gemm``): the align (moe_align) layout, the config
 table, sentinel rows never read nor written, the request model's rebuild of the align tensors,
 per-token invariance in an expert's M, the per-slot input, and the block_m check.
 
@@ -40,21 +40,31 @@ def case_of(**axes) -> Case:
 
 
 @pytest.mark.cpu
-def test_align_stand_in_layout_by_hand():
+def test_align_is_moe_align_with_the_devices_block_m():
     # T = 3, k = 2: flat indices 0..5; experts of (t, j): [[1, 0], [1, 2], [0, 1]]
     topk = torch.tensor([[1, 0], [1, 2], [0, 1]])
-    ids, be, npad = component._align(topk, num_experts=4, block_m=4)
+    bm = block_m(DEVICE)
+    ids, be, npad = component._align(topk, num_experts=4, block_m=bm)
     s = 6  # the sentinel T * k
     assert ids.dtype == be.dtype == npad.dtype == torch.int32
-    assert ids.tolist() == [1, 4, s, s, 0, 2, 5, s, 3, s, s, s] + [s] * (6 + 4 * 3 - 12)
-    assert be.tolist() == [0, 1, 2, -1, -1]
-    assert npad.tolist() == [12]
+    want = [1, 4] + [s] * (bm - 2) + [0, 2, 5] + [s] * (bm - 3) + [3] + [s] * (bm - 1)
+    assert ids.tolist() == want + [s] * (6 + 4 * (bm - 1) - 3 * bm)
+    assert be.tolist() == [0, 1, 2] + [-1] * (be.numel() - 3)
+    assert npad.tolist() == [3 * bm]
+    # the one align implementation: the moe_align component's (reference and fast agree bitwise)
+    from batchinv.fast.moe_align import moe_align as fast_align
+    from batchinv.reference.moe_align import moe_align as ref_align
+
+    for got, ref in zip(fast_align(topk.to(torch.int32).to(DEVICE), 4, bm), (ids, be, npad), strict=True):
+        assert torch.equal(got.cpu(), ref)
+    assert torch.equal(ref_align(topk.to(torch.int32), 4, bm)[0], ids)
     batch = component._assemble(
         torch.zeros(3, 8, dtype=torch.bfloat16),
         topk,
         {"w": torch.zeros(4, 8, 8, dtype=torch.bfloat16), "top_k": 2, "a_per_slot": False},
     )
     assert component._routing(batch).tolist() == topk.tolist()
+    assert batch.shared["sorted_ids"].numel() == 6 + 4 * (bm - 1)
 
 
 @pytest.mark.cpu

@@ -4,8 +4,8 @@ over tokens (a request = a token).
 A :class:`Batch` holds ``rows = {"a": [T, K]}`` (``a_per_slot``: ``[T, k, K]``, the down
 projection's per-(token, slot) input; dim 0 = tokens) and ``shared``: ``w [E, N, K]``, the align
 tensors ``sorted_ids``, ``block_expert``, ``num_padded`` (built from the tokens' routing by
-:func:`_align`, a private stand-in for the ``moe_align`` component, with the lane's
-``block_m``), ``top_k`` and ``a_per_slot``.  The routing is not an argument: :func:`_routing`
+the ``moe_align`` component's reference, with ``block_m`` =
+:func:`batchinv.fast.grouped_gemm.block_m` of the device: the one the fast path requires), ``top_k`` and ``a_per_slot``.  The routing is not an argument: :func:`_routing`
 reads it back from the align tensors, so :func:`take` / :func:`concat` rebuild them for the new
 token set -- that is where an expert's M changes.  Memory no token references is NaN: a NaN row
 after ``a``'s last row (a sentinel id read as a row shows), and :func:`relocate` adds NaN gaps
@@ -47,6 +47,7 @@ from batchinv.harness.registry import (
     Toleranced,
 )
 from batchinv.reference import grouped_gemm as ref_gemm
+from batchinv.reference import moe_align as ref_align
 from batchinv.reference.errors import ArgumentError, DeviceError, DTypeError
 
 NAME = "grouped_gemm"
@@ -103,32 +104,17 @@ def cases(lane: Lane) -> list[Case]:
     ]
 
 
-# --- the align stand-in (docs/MOE.md section 2; swapped for the moe_align component later) ----
+# --- routing <-> align tensors --------------------------------------------------------------------
 
 
 def _align(
     topk_ids: torch.Tensor, num_experts: int, block_m: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(sorted_ids, block_expert, num_padded)`` of ``topk_ids [T, k]`` (CPU, int32): flat indices
-    grouped by expert in increasing expert id, increasing inside a group (stable), each group
-    padded with ``T * k`` to a multiple of ``block_m``; length ``T*k + E*(block_m - 1)``."""
-    t, k = topk_ids.shape
-    valid = t * k
-    length = valid + num_experts * (block_m - 1)
-    flat_experts = topk_ids.reshape(-1).to(torch.int64)
-    ids = torch.full((length,), valid, dtype=torch.int32)
-    blocks = -(-length // block_m)
-    block_expert = torch.full((blocks,), -1, dtype=torch.int32)
-    pos = 0
-    for e in range(num_experts):
-        group = (flat_experts == e).nonzero().flatten()  # increasing flat index
-        if group.numel() == 0:
-            continue
-        ids[pos : pos + group.numel()] = group.to(torch.int32)
-        padded = -(-group.numel() // block_m) * block_m
-        block_expert[pos // block_m : (pos + padded) // block_m] = e
-        pos += padded
-    return ids, block_expert, torch.tensor([pos], dtype=torch.int32)
+    """``(sorted_ids, block_expert, num_padded)`` of ``topk_ids [T, k]`` (any integer dtype, CPU):
+    the ``moe_align`` component's reference (:func:`batchinv.reference.moe_align.moe_align`,
+    exact, and bitwise equal to the fast kernel by that component's agreement check), so the
+    harness has one align implementation."""
+    return ref_align.moe_align(topk_ids.to(torch.int32).cpu(), num_experts, block_m)
 
 
 def _routing(batch: Batch) -> torch.Tensor:
@@ -349,8 +335,9 @@ def error_cases(device: torch.device) -> list[ErrorCase]:
     bad_expert[0] = 4
     bad_tail = be.clone()
     bad_tail[-1] = 0
-    # the align of the same routing with block_m = 8: valid for the reference, not this device's BLOCK_M
-    half_ids, half_be, half_np = _align(_routing(good_batch), 4, 8)
+    # the align of the same routing with twice this device's block_m: valid for the reference,
+    # not this device's BLOCK_M
+    half_ids, half_be, half_np = _align(_routing(good_batch), 4, 2 * fast_gemm.block_m(device))
     return [
         ErrorCase("k_mismatch", bad(w=w[..., :32]), ArgumentError, "'w'.*K = 64"),
         ErrorCase("w_not_3d", bad(w=w[0]), ArgumentError, "'w'.*3-D"),

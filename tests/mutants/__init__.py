@@ -202,4 +202,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "the launcher halves BLOCK_K when the launch's largest expert M is <= 4 (a per-M config)",
         ("co_batch",),
     ),
+    Mutant(
+        "fused_moe_weights_applied_twice",
+        "fused_moe",
+        kernels.fused_moe_weights_applied_twice,
+        "with apply_router_weight_on_input the combine still multiplies by the weights (applied twice)",
+        ("agreement",),
+        every_case=lambda case: bool(case.axes["on_input"]) and case.axes["values"] == "normal",
+    ),
 )

@@ -313,3 +313,18 @@ def grouped_gemm_block_k_from_expert_m() -> Callable[..., Any]:
         "checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot), sorted_ids, block_expert)",
         extra_globals={"halve_block_k_for_small_experts": _halve_block_k_for_small_experts},
     )
+
+
+# --- fused_moe -------------------------------------------------------------------------------
+
+
+def fused_moe_weights_applied_twice() -> Callable[..., Any]:
+    import batchinv.fast.fused_moe as fused_moe_launcher
+
+    return mutate(  # type: ignore[no-any-return]
+        fused_moe_launcher,
+        "compose",
+        "out = combine(down, None if apply_router_weight_on_input else topk_weights)",
+        "out = combine(down, topk_weights)",
+        entry="fused_moe",
+    )

@@ -1,0 +1,42 @@
+"""Unpinned baseline of ``fused_moe``: the same pipeline with the stages' unpinned variants.
+
+``unpinned_stages``: grouped GEMMs with split-K for small-M experts
+(:func:`batchinv.fast.grouped_gemm_baselines.split_k_small_m`: a token's reduction tree depends
+on how many other tokens share its experts), the activation's bf16 intermediate above 32 rows
+(:func:`batchinv.fast.swiglu_baselines.swiglu_bf16_above_32_rows`) and the token-count dispatched
+combine (:func:`batchinv.fast.moe_combine_baselines.token_count_dispatch_moe_combine`).  The
+logits matmul, the router and the align stay pinned: an unpinned router could change a token's
+experts, and the layer's agreement cases keep the routing away from near-ties, so this baseline
+isolates the post-routing stages (the router's own baselines are checked by ``moe_router``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from batchinv.fast.fused_moe import compose
+from batchinv.fast.grouped_gemm_baselines import split_k_small_m
+from batchinv.fast.moe_combine_baselines import token_count_dispatch_moe_combine
+from batchinv.fast.swiglu_baselines import swiglu_bf16_above_32_rows
+
+
+def unpinned_stages(
+    hidden: torch.Tensor,
+    router_weight: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    top_k: int,
+    scoring: str = "softmax",
+    renormalize: bool = False,
+    correction_bias: torch.Tensor | None = None,
+    n_group: int = 1,
+    topk_group: int = 1,
+    apply_router_weight_on_input: bool = False,
+) -> torch.Tensor:
+    """:func:`batchinv.fast.fused_moe.fused_moe` with the unpinned grouped GEMM, activation and
+    combine (module docstring)."""
+    return compose(
+        hidden, router_weight, w13, w2, top_k, scoring, renormalize, correction_bias, n_group, topk_group,
+        apply_router_weight_on_input,
+        gemm=split_k_small_m, activation=swiglu_bf16_above_32_rows, combine=token_count_dispatch_moe_combine,
+    )  # fmt: skip

@@ -1,0 +1,413 @@
+"""Registry entry ``fused_moe``: the whole MoE layer (docs/MOE.md, "The layer"), request-level
+over tokens (a request = a token: ``take`` / ``concat`` are rows of ``hidden``).
+
+Routing and agreement.  The fast logits are the pinned matmul's fp32 accumulator; the reference
+rounds the fp64 logits once to fp32 (the fast order is not reproducible in fp64).  The two
+differ by at most ``dl = gamma_H sum |x| |w_r| + 2^-23 |l|`` per logit, so where two selection
+keys are that close the two routers may pick different experts and the layers would not be
+comparable.  The generator therefore **leaves near-ties out**: :func:`stable_routing` resamples a
+token until every selection cutoff (group scores at ``topk_group``, keys at ``top_k``) has a gap
+above 8x the keys' possible movement.  Routing on ties and every bit pattern is covered exactly
+by the ``moe_router`` component (ids exact).  With the same experts, the weights differ by the
+router's bound plus the logits' movement (relative ``4.1 dl + 2^-22``: softmax and
+renormalization each at most double a logit's relative effect), which :func:`bound` includes.
+
+The bound (:func:`bound`) follows the fast path's roundings, each a relative ``u = 2^-8`` of its
+value: ``gate_up`` (fp32 dot over H, ``gamma_H |w13| |x|``, then bf16), swiglu (silu Lipschitz
+1.1 on the gate error, ``|silu g|`` on the up error, its own fp32 sequence 16 fp32 ulps, then
+bf16), the down projection (``|w2| dh`` propagated, ``gamma_I |w2| |h|``, then bf16), and the
+combine (weights' error times ``|y|``, ``c |dy|``, fp64 sum, one bf16 rounding); plus 2^-126
+absolute per rounding for underflow.
+
+Values (axis ``values``): ``normal``; ``cancel`` (hidden columns 0 and H-1 are +-CANCEL and
+w13's columns 0 and H-1 are equal, router_weight's zero: gate_up's fp32 partial sums are large,
+so another summation tree for the up projection -- the split-K baseline -- shows after bf16).
+
+Neighbours (co_batch / slot): ``flood`` (copies of the case's tokens with small perturbations:
+routed to the case's experts, raising their M), ``elsewhere`` (negated copies: the lowest keys,
+so other experts under softmax) and ``random``.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from batchinv.fast import fused_moe as fast_moe
+from batchinv.fast import fused_moe_baselines as bl
+from batchinv.harness.lanes import Lane
+from batchinv.harness.registry import (
+    ALL_LANES,
+    Baseline,
+    Batch,
+    Case,
+    Component,
+    ErrorCase,
+    Outputs,
+    RequestModel,
+    Toleranced,
+)
+from batchinv.reference import fused_moe as ref_moe
+from batchinv.reference.errors import ArgumentError, DTypeError
+
+NAME = "fused_moe"
+CANCEL = 2.0**18
+U_BF16 = 2.0**-8
+U_FP32 = 2.0**-24
+TINY = 2.0**-126
+#: The gap a selection cutoff must have, in units of the keys' possible movement.
+GAP_FACTOR = 8.0
+MAX_TRIES = 400
+
+
+def _case(
+    e: int,
+    k: int,
+    h: int,
+    i: int,
+    t: int,
+    scoring: str,
+    renormalize: bool,
+    on_input: bool,
+    n_group: int = 1,
+    topk_group: int = 1,
+    values: str = "normal",
+    seed: int = 0,
+) -> Case:
+    return Case(
+        NAME,
+        {
+            "E": e,
+            "top_k": k,
+            "H": h,
+            "I": i,
+            "T": t,
+            "scoring": scoring,
+            "n_group": n_group,
+            "topk_group": topk_group,
+            "renormalize": renormalize,
+            "on_input": on_input,
+            "values": values,
+        },
+        seed,
+    )
+
+
+def cases(lane: Lane) -> list[Case]:
+    """cpu lane: E 4..8, k 2, H / I 32..64, T <= 6; every (on_input, renormalize) pair, softmax
+    and sigmoid with bias and groups; one ``cancel`` case for the unpinned baseline.  GPU lanes:
+    Qwen3-30B-A3B-, DeepSeek-V3- (grouped, bias; T reduced) and Mixtral-like shapes."""
+    if not lane.is_gpu:
+        return [  # the cancel case first: the negative control stops at its first detection
+            _case(4, 2, 64, 32, 3, "softmax", False, False, values="cancel", seed=4),
+            _case(8, 2, 64, 32, 6, "softmax", False, False),
+            _case(8, 2, 64, 32, 5, "softmax", True, True, seed=1),
+            _case(8, 2, 32, 64, 4, "sigmoid", True, False, n_group=4, topk_group=2, seed=2),
+            _case(8, 2, 32, 32, 4, "sigmoid", False, True, n_group=4, topk_group=2, seed=3),
+        ]
+    return [
+        _case(128, 8, 2048, 768, 32, "softmax", True, False),
+        _case(128, 8, 2048, 768, 16, "softmax", False, True, values="cancel", seed=1),
+        _case(256, 8, 7168, 2048, 8, "sigmoid", True, False, n_group=8, topk_group=4, seed=2),
+        _case(8, 2, 4096, 14336, 16, "softmax", True, True, seed=3),
+    ]
+
+
+# --- generation --------------------------------------------------------------------------------
+
+
+def _weight_seed(axes: dict[str, Any]) -> int:
+    key = {n: axes[n] for n in ("E", "top_k", "H", "I", "scoring", "n_group", "values")}
+    return zlib.crc32(repr(sorted(key.items())).encode())
+
+
+def _weights(axes: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    e, h, i = int(axes["E"]), int(axes["H"]), int(axes["I"])
+    gdev = device if device.type == "cuda" else torch.device("cpu")
+    gen = torch.Generator(device=gdev).manual_seed(_weight_seed(axes))
+
+    def randn(*shape: int, scale: float) -> torch.Tensor:
+        return (torch.randn(shape, generator=gen, device=gdev) * scale).to(torch.bfloat16).to(device)
+
+    router_weight = randn(e, h, scale=1 / math.sqrt(h))
+    router_weight[:, 0] = 0  # the cancel pair never enters the logits
+    router_weight[:, -1] = 0
+    w13 = randn(e, 2 * i, h, scale=1 / math.sqrt(h))
+    w13[..., -1] = w13[..., 0]
+    w2 = randn(e, h, i, scale=1 / math.sqrt(i))
+    bias = None
+    if axes["scoring"] == "sigmoid":
+        bias = (torch.randn(e, generator=gen, device=gdev) * 0.1).to(device)
+    return {
+        "router_weight": router_weight,
+        "w13": w13,
+        "w2": w2,
+        "top_k": int(axes["top_k"]),
+        "scoring": axes["scoring"],
+        "renormalize": bool(axes["renormalize"]),
+        "correction_bias": bias,
+        "n_group": int(axes["n_group"]),
+        "topk_group": int(axes["topk_group"]),
+        "apply_router_weight_on_input": bool(axes["on_input"]),
+    }
+
+
+def logit_movement(hidden: torch.Tensor, router_weight: torch.Tensor) -> torch.Tensor:
+    """``[T]`` fp64: how far a fast fp32 logit may be from the reference's (fp64 rounded once):
+    any-order fp32 dot error ``gamma_H sum |x| |w|`` plus both roundings (2^-24 |l| each)."""
+    h = hidden.shape[1]
+    gamma = h * U_FP32 / (1 - h * U_FP32)
+    x, w = hidden.double(), router_weight.double()
+    l64 = x @ w.T
+    return (gamma * (x.abs() @ w.abs().T) + 2 * U_FP32 * l64.abs() + TINY).amax(dim=1)
+
+
+def stable_routing(hidden: torch.Tensor, shared: dict[str, Any]) -> torch.Tensor:
+    """``[T]`` bool: the token's routing cannot differ between fast and reference logits (every
+    cutoff gap above :data:`GAP_FACTOR` times the keys' possible movement)."""
+    rw = shared["router_weight"]
+    l64 = hidden.double() @ rw.double().T  # [T, E]
+    dl = logit_movement(hidden, rw)[:, None]  # [T, 1]
+    k, n_group, topk_group = shared["top_k"], shared["n_group"], shared["topk_group"]
+    if shared["scoring"] == "softmax":
+        key, move = l64, dl + U_FP32 * l64.abs().amax(dim=1, keepdim=True)
+    else:
+        key = torch.sigmoid(l64)
+        if shared["correction_bias"] is not None:
+            key = key + shared["correction_bias"].double()
+        move = dl / 4 + 4 * U_FP32 * (1 + key.abs().amax(dim=1, keepdim=True))
+    need = GAP_FACTOR * move  # [T, 1]
+    t, e = key.shape
+    ok = torch.ones(t, dtype=torch.bool, device=key.device)
+    if n_group > 1 and topk_group < n_group:
+        g = key.view(t, n_group, e // n_group)
+        top2 = g.topk(min(2, e // n_group), dim=2).values.sum(dim=2)  # [T, G]
+        s = top2.sort(dim=1, descending=True).values
+        ok &= (s[:, topk_group - 1] - s[:, topk_group]) > 2 * need[:, 0]
+        kept = torch.zeros(t, n_group, dtype=torch.bool, device=key.device)
+        kept.scatter_(1, top2.argsort(dim=1, descending=True)[:, :topk_group], True)
+        key = torch.where(kept.repeat_interleave(e // n_group, dim=1), key, torch.full_like(key, -math.inf))
+    s = key.sort(dim=1, descending=True).values
+    if k < e:
+        ok &= (s[:, k - 1] - s[:, k]) > need[:, 0]
+    return ok
+
+
+def _tokens(axes: dict[str, Any], seed: int, shared: dict[str, Any], device: torch.device) -> torch.Tensor:
+    """The case's hidden ``[T, H]`` bf16, every token with a stable routing."""
+    t, h = int(axes["T"]), int(axes["H"])
+    gen = torch.Generator().manual_seed(seed)
+    mix = axes.get("mix")
+    if mix in ("flood", "elsewhere"):
+        of = {**axes, "T": int(axes["of_T"]), "mix": None}
+        base = _tokens(of, int(axes["of_seed"]), shared, device).float().cpu()
+        base = base[torch.arange(t) % base.shape[0]]
+        if mix == "elsewhere":
+            base = -base
+    else:
+        base = torch.randn(t, h, generator=gen)
+
+    def draw(rows: torch.Tensor, fresh: bool) -> torch.Tensor:
+        x = base[rows] + (0.05 if mix in ("flood", "elsewhere") else 1.0) * torch.randn(
+            rows.numel(), h, generator=gen
+        ) * (1.0 if fresh or mix in ("flood", "elsewhere") else 0.0)
+        x = x.to(torch.bfloat16)
+        if axes["values"] == "cancel":
+            sign = (torch.randint(2, (rows.numel(),), generator=gen) * 2 - 1).to(torch.bfloat16)
+            x[:, 0] = sign * CANCEL
+            x[:, -1] = -sign * CANCEL
+        return x
+
+    hidden = draw(torch.arange(t), fresh=False).to(device)
+    for _ in range(MAX_TRIES):
+        bad = (~stable_routing(hidden, shared)).nonzero().flatten().cpu()
+        if bad.numel() == 0:
+            return hidden
+        hidden[bad.to(device)] = draw(bad, fresh=True).to(device)
+    raise RuntimeError(f"fused_moe: no stable routing for {bad.numel()} tokens after {MAX_TRIES} draws")
+
+
+def build(case: Case, device: torch.device) -> Batch:
+    """Weights from a seed of the shape axes (co-batched cases share them), tokens from
+    ``case.seed`` (near-tie tokens resampled: :func:`stable_routing`)."""
+    axes = dict(case.axes)
+    shared = _weights(axes, device)
+    return Batch({"hidden": _tokens(axes, case.seed, shared, device)}, shared)
+
+
+# --- the request model -------------------------------------------------------------------------
+
+
+def take(batch: Batch, requests: Sequence[int] | torch.Tensor) -> Batch:
+    """The tokens at ``requests`` (in order, repeats allowed)."""
+    return batch.take(torch.as_tensor(list(requests), dtype=torch.long))
+
+
+def concat(parts: Sequence[Batch]) -> Batch:
+    """The tokens of every part in one launch; the parts must share the layer's weights."""
+    first = parts[0].shared
+    for p in parts[1:]:
+        for name in ("router_weight", "w13", "w2"):
+            if p.shared[name] is not first[name] and not torch.equal(p.shared[name], first[name]):
+                raise ValueError(f"concat: parts with different {name}")
+    return Batch.concat(parts)
+
+
+def _nan_padded(x: torch.Tensor, gap: int) -> torch.Tensor:
+    buf = torch.full((*x.shape[:-1], x.shape[-1] + gap), math.nan, dtype=x.dtype, device=x.device)
+    buf[..., : x.shape[-1]] = x
+    return buf[..., : x.shape[-1]]
+
+
+def relocate(batch: Batch, generator: torch.Generator) -> Batch:
+    """The same tokens and weights in other memory: every row followed by a NaN gap."""
+    gap = 1 + int(torch.randint(8, (1,), generator=generator))
+    s = batch.shared
+    return Batch(
+        {"hidden": _nan_padded(batch.rows["hidden"], gap)},
+        {**s, **{n: _nan_padded(s[n], gap) for n in ("router_weight", "w13", "w2")}},
+    )
+
+
+#: Other tokens per neighbour case: few on the cpu lane (the interpreter), 32 on GPU lanes.
+NEIGHBOUR_TOKENS = {False: 4, True: 32}
+
+
+def neighbours(case: Case, lane: Lane) -> dict[str, Case]:
+    """``flood`` / ``elsewhere`` / ``random`` other tokens (module docstring), normal values."""
+    ax = dict(case.axes)
+    out = {}
+    for i, mix in enumerate(("flood", "elsewhere", "random")):
+        axes = {**ax, "T": NEIGHBOUR_TOKENS[lane.is_gpu], "mix": mix, "of_T": ax["T"], "of_seed": case.seed}
+        out[mix] = Case(case.component, axes, seed=case.seed + 7919 * (i + 1))
+    return out
+
+
+# --- agreement ---------------------------------------------------------------------------------
+
+
+def _gamma(n: int) -> float:
+    return n * U_FP32 / (1 - n * U_FP32)
+
+
+def _rounded(value_bound: torch.Tensor) -> torch.Tensor:
+    """The error one bf16 rounding adds to a value of magnitude at most ``value_bound``."""
+    return U_BF16 * value_bound + TINY
+
+
+def bound(batch: Batch, reference: Outputs) -> Outputs:
+    """Per element of ``[T, H]``: the propagated bound of the module docstring (fp64)."""
+    kw = batch.kwargs()
+    terms = ref_moe.expert_terms(**kw)
+    x = kw["hidden"].double()
+    w13, w2 = kw["w13"], kw["w2"]
+    on_input = kw["apply_router_weight_on_input"]
+    _, k, two_i = terms.gate_up.shape
+    i, h = two_i // 2, x.shape[1]
+    p = terms.weights.abs()  # [T, k]
+    rel_w = 4.1 * logit_movement(kw["hidden"], kw["router_weight"])[:, None] + 2.0**-22
+    dp = p * rel_w  # [T, k]
+    a1 = torch.zeros_like(terms.gate_up)  # |w13| |x|
+    ids = terms.ids.to(torch.int64)
+    for e in ids.unique().tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        a1[tok, slot] = x[tok].abs() @ w13[e].double().abs().T
+    acc = _gamma(h) * a1
+    dgu = acc + _rounded(terms.gate_up.abs() + acc)  # [T, k, 2I]
+    g, u = terms.gate_up[..., :i], terms.gate_up[..., i:]
+    dg, du = dgu[..., :i], dgu[..., i:]
+    s, ds = (p, dp) if on_input else (torch.ones_like(p), torch.zeros_like(p))
+    s, ds = s[..., None], ds[..., None]
+    silu = ref_moe.silu64(g).abs()
+    um = u.abs() + du
+    prop = (1.1 * dg * um + silu * du) * (s + ds) + silu * um * ds
+    hm = terms.act.abs() + prop
+    dh = prop + 16 * U_FP32 * hm + _rounded(hm * (1 + 16 * U_FP32))  # [T, k, I]
+    dy = torch.zeros_like(terms.down)
+    ym = torch.zeros_like(terms.down)
+    for e in ids.unique().tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        aw2 = w2[e].double().abs()
+        dy[tok, slot] = dh[tok, slot] @ aw2.T + _gamma(i) * (
+            (terms.act[tok, slot].abs() + dh[tok, slot]) @ aw2.T
+        )
+    dy = dy + _rounded(terms.down.abs() + dy)
+    ym = terms.down.abs() + dy
+    c, dc = (torch.ones_like(p), torch.zeros_like(p)) if on_input else (p, dp)
+    err = (c[..., None] * dy + ym * dc[..., None]).sum(dim=1)  # [T, H]
+    err = err + 4 * k * 2.0**-53 * ((c + dc)[..., None] * ym).sum(dim=1)
+    return (err + _rounded(reference[0].abs() + err),)
+
+
+# --- error inputs --------------------------------------------------------------------------------
+
+
+def error_cases(device: torch.device) -> list[ErrorCase]:
+    """Bad inputs and the typed error each must raise (fast and reference alike)."""
+    good = build(_case(4, 2, 32, 32, 2, "softmax", False, False, seed=5), device).kwargs()
+
+    def bad(**changes: Any) -> dict[str, Any]:
+        return {**good, **changes}
+
+    hidden, rw, w13, w2 = good["hidden"], good["router_weight"], good["w13"], good["w2"]
+    return [
+        ErrorCase(
+            "hidden_size_mismatch", bad(hidden=hidden[:, :16]), ArgumentError, "'router_weight'.*H = 16"
+        ),
+        ErrorCase("w13_odd_rows", bad(w13=w13[:, :-1]), ArgumentError, "'w13'.*even"),
+        ErrorCase("w13_other_hidden", bad(w13=w13[..., :16]), ArgumentError, "'w13'"),
+        ErrorCase("w2_other_intermediate", bad(w2=w2[..., :16]), ArgumentError, "'w2'"),
+        ErrorCase("top_k_above_experts", bad(top_k=5), ArgumentError, "'top_k'"),
+        ErrorCase("router_weight_1d", bad(router_weight=rw[0]), ArgumentError, "'router_weight'"),
+        ErrorCase(
+            "router_weight_transposed", bad(router_weight=rw.T.contiguous()), ArgumentError, "'router_weight'"
+        ),
+        ErrorCase("hidden_float32", bad(hidden=hidden.float()), DTypeError, "'hidden'"),
+        ErrorCase(
+            "on_input_not_bool",
+            bad(apply_router_weight_on_input=1),
+            DTypeError,
+            "'apply_router_weight_on_input'",
+        ),
+        ErrorCase(
+            "bias_with_softmax",
+            bad(correction_bias=torch.zeros(4, device=device)),
+            ArgumentError,
+            "'correction_bias'",
+        ),
+    ]
+
+
+COMPONENT = Component(
+    name=NAME,
+    summary="fused MoE layer: pinned logits, router, align, grouped GEMMs, swiglu and combine composed",
+    reference=ref_moe.fused_moe,
+    fast=fast_moe.fused_moe,
+    baselines=(
+        Baseline(
+            "unpinned_stages",
+            bl.unpinned_stages,
+            "the same pipeline with split-K for small-M experts in both grouped GEMMs, a bf16 activation "
+            "above 32 rows and the token-count dispatched combine: a token's bits follow its experts' M",
+            expected_to_vary_on=ALL_LANES,
+        ),
+    ),
+    cases=cases,
+    build=build,
+    agreement=Toleranced(
+        bound,
+        "three bf16 intermediates (gate_up, the activation, the down projection) and fp32 GEMM sums "
+        "cannot equal the fp64 reference; the bound propagates each stage's error (gamma_n sum |w| |x| "
+        "per GEMM, a relative 2^-8 per bf16 rounding, silu's Lipschitz constant 1.1, the routing "
+        "weights' error from the logits' movement) to the output, with one final bf16 rounding",
+        out_dtypes=lambda batch: (torch.bfloat16,),
+    ),
+    lanes=ALL_LANES,
+    dtypes=(torch.bfloat16,),
+    error_cases=error_cases,
+    requests=RequestModel(take=take, concat=concat, relocate=relocate, neighbours=neighbours),
+)
