@@ -5,9 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-out}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1 COLUMNS=200
-{ date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-} >"$OUT/env.txt" 2>&1
+. ci/device_env.sh; device_env "$OUT" python3
 rm -rf ~/.triton/cache .stamp-python3
 timed() {  # timed NAME CAP CMD...
     local name=$1 cap=$2; shift 2; local t0; t0=$(date +%s%N)

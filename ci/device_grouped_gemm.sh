@@ -5,9 +5,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}; LANE=${LANE:-sm90}; OUT=${1:-out}
 mkdir -p "$OUT"; export PYTHONUNBUFFERED=1 COLUMNS=200
-{ date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-} >"$OUT/env.txt" 2>&1
+. ci/device_env.sh; device_env "$OUT" "$PY"
 $PY -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1
 t0=$SECONDS
 timeout ${PYTEST_S:-240} $PY -m pytest tests/test_grouped_gemm.py tests/test_components.py -k grouped_gemm --lane "$LANE" -n 4 -q -p no:cacheprovider -rfEsx >"$OUT/pytest.log" 2>&1

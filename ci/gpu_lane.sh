@@ -21,9 +21,7 @@ step() {  # step NAME SECONDS CMD...: run with a time cap, log to $OUT/NAME.log,
     echo "step $name: rc=$rc in $((SECONDS - t0))s (cap ${cap}s)" | tee -a "$OUT/steps.txt"
     [ $rc -eq 0 ] || status=1
 }
-{ date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-} >"$OUT/env.txt" 2>&1
+. ci/device_env.sh; device_env "$OUT" "$PY"
 step install 120 $PY -m pip install --no-deps --no-build-isolation -e .
 step pytest "${PYTEST_CAP:-600}" $PY -m pytest --lane "$LANE" -n "${WORKERS:-auto}" --dist loadgroup -q -p no:cacheprovider -rfEsx \
     --junitxml="$OUT/pytest.xml"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from typing import Any
 
 import torch
 
@@ -21,7 +22,7 @@ from batchinv.fast.decode_attention import DecodeAttentionConfig, launch
 from batchinv.harness.bench import COPY_BYTES_PER_S, time_call
 from batchinv.harness.components import decode_attention as component
 from batchinv.harness.registry import Case
-from batchinv.reference.decode_attention import check_decode_attention_arguments
+from batchinv.reference.decode_attention import AttentionShape, check_decode_attention_arguments
 
 POINTS = (
     (1, 1024, "equal"),
@@ -50,20 +51,16 @@ def main() -> int:
         kw = batch.kwargs()
         shape = check_decode_attention_arguments(**kw)
         floor = component.bench_bytes(batch) / COPY_BYTES_PER_S * 1e6
+
+        def run(
+            cfg: DecodeAttentionConfig, kw: dict[str, Any] = kw, shape: AttentionShape = shape
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            args = (kw["q"], kw["k_cache"], kw["v_cache"], kw["block_table"], kw["seq_lens"], kw["scale"])
+            return launch(*args, None, shape, cfg)
+
         results = []
         for cfg in candidates:
-            fn = functools.partial(
-                launch,
-                kw["q"],
-                kw["k_cache"],
-                kw["v_cache"],
-                kw["block_table"],
-                kw["seq_lens"],
-                kw["scale"],
-                None,
-                shape,
-                cfg,
-            )
+            fn = functools.partial(run, cfg)
             try:
                 us, _ = time_call(fn, 10)
             except Exception as exc:  # a config that does not compile or fit
@@ -81,20 +78,7 @@ def main() -> int:
         for cfg in candidates:
             groups.setdefault((cfg.split_tokens, cfg.block_n, cfg.weight_pair), []).append(cfg)
         for key, cfgs in groups.items():
-            outs = [
-                launch(
-                    kw["q"],
-                    kw["k_cache"],
-                    kw["v_cache"],
-                    kw["block_table"],
-                    kw["seq_lens"],
-                    kw["scale"],
-                    None,
-                    shape,
-                    c,
-                )
-                for c in cfgs
-            ]
+            outs = [run(c) for c in cfgs]
             same = all(torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1]) for o in outs[1:])
             if not same:
                 print(f"{r} {ctx} {lengths} | split/block_n/pair {key}: warps/stages variants DIFFER in bits")
