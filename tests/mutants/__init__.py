@@ -174,6 +174,13 @@ MUTANTS: tuple[Mutant, ...] = (
         every_case=lambda case: case.axes["rows"] > 2,
     ),
     Mutant(
+        "moe_align_groups_not_padded",
+        "moe_align",
+        kernels.moe_align_groups_not_padded,
+        "an expert's group is not rounded up to a multiple of block_m (blocks straddle experts)",
+        ("agreement",),
+    ),
+    Mutant(
         "moe_router_ties_to_higher_id",
         "moe_router",
         kernels.moe_router_ties_to_higher_id,

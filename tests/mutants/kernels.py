@@ -20,6 +20,7 @@ import batchinv.fast.kernels.decode_attention as attention_kernels
 import batchinv.fast.kernels.grouped_gemm as grouped_gemm_kernels
 import batchinv.fast.kernels.matmul as matmul_kernels
 import batchinv.fast.kernels.mean as mean_kernels
+import batchinv.fast.kernels.moe_align as moe_align_kernels
 import batchinv.fast.kernels.moe_router as moe_router_kernels
 import batchinv.fast.kernels.softmax as softmax_kernels
 import batchinv.fast.kernels.swiglu as swiglu_kernels
@@ -28,6 +29,7 @@ from batchinv.fast import decode_attention as attention_launcher
 from batchinv.fast import grouped_gemm as grouped_gemm_launcher
 from batchinv.fast import matmul as matmul_launcher
 from batchinv.fast import mean as mean_launcher
+from batchinv.fast import moe_align as moe_align_launcher
 from batchinv.fast import moe_router as moe_router_launcher
 from batchinv.fast import softmax as softmax_launcher
 from batchinv.fast import swiglu as swiglu_launcher
@@ -275,6 +277,19 @@ def moe_router_weights_through_bf16() -> Callable[..., Any]:
         "tl.store(weights_ptr + row * stride_weights_row + offs_k, p.to(tl.bfloat16).to(tl.float32), mask=in_k)",
     )
     return _moe_router_subject(kernel)
+
+
+# --- moe_align --------------------------------------------------------------------------------
+
+
+def moe_align_groups_not_padded() -> Callable[..., Any]:
+    kernel = mutate(
+        moe_align_kernels,
+        "moe_align_scan_kernel",
+        "padded = (total + (BLOCK_M - 1)) // BLOCK_M * BLOCK_M",
+        "padded = total",
+    )
+    return with_kernel(moe_align_launcher, "moe_align_scan_kernel", kernel, moe_align_launcher.moe_align)
 
 
 # --- grouped_gemm -----------------------------------------------------------------------------
