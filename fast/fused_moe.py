@@ -1,7 +1,8 @@
 """Batch-invariant fused MoE layer (docs/MOE.md, "The layer"): the pinned stages composed.
 
 No kernel of its own: pinned matmul (fp32 logits) -> ``moe_router`` -> ``moe_align`` (with the
-grouped GEMM's ``block_m(device)``) -> ``grouped_gemm(w13)`` -> ``swiglu`` (scale = the routing
+grouped GEMM's ``layer_block_m``: a block size from T, proven bit-neutral by the grouped GEMM's
+``config_equivalence``) -> ``grouped_gemm(w13)`` -> ``swiglu`` (scale = the routing
 weights iff ``apply_router_weight_on_input``) -> ``grouped_gemm(w2, a_per_slot=True)`` ->
 ``moe_combine`` (weights iff not on input): the weights are applied exactly once.  Every stage is
 batch-invariant on its own contract (docs/MOE.md sections 1-5), so a token's output bits do not
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from batchinv.fast.grouped_gemm import block_m, grouped_gemm
+from batchinv.fast.grouped_gemm import grouped_gemm, layer_block_m
 from batchinv.fast.matmul import matmul
 from batchinv.fast.moe_align import moe_align
 from batchinv.fast.moe_combine import moe_combine
@@ -42,8 +43,10 @@ def compose(
     activation: Callable[..., torch.Tensor] = swiglu,
     combine: Callable[..., torch.Tensor] = moe_combine,
     logits_fn: Callable[..., Any] | None = None,
+    align_block: Callable[[torch.device, int, int, int], int] = layer_block_m,
 ) -> torch.Tensor:
-    """The layer with the given stage implementations (defaults: the pinned ones)."""
+    """The layer with the given stage implementations (defaults: the pinned ones);
+    ``align_block(device, T, top_k, E)`` is the align's block_m (the grouped GEMMs' BLOCK_M)."""
     args = check_fused_moe_args(
         hidden, router_weight, w13, w2, top_k, scoring, renormalize, correction_bias, n_group, topk_group,
         apply_router_weight_on_input,
@@ -55,7 +58,9 @@ def compose(
     topk_weights, topk_ids = moe_router(
         logits, args.k, scoring, renormalize, correction_bias, n_group, topk_group
     )  # [T, k] fp32, int32
-    sorted_ids, block_expert, num_padded = moe_align(topk_ids, args.e, block_m(hidden.device))
+    sorted_ids, block_expert, num_padded = moe_align(
+        topk_ids, args.e, align_block(hidden.device, args.t, args.k, args.e)
+    )
     gate_up = gemm(hidden, w13, sorted_ids, block_expert, num_padded, args.k)  # [T, k, 2I] bf16
     scale = topk_weights.reshape(-1) if apply_router_weight_on_input else None
     act = activation(gate_up.view(args.t * args.k, 2 * args.i), scale)  # [T*k, I] bf16

@@ -8,6 +8,11 @@ combine (:func:`batchinv.fast.moe_combine_baselines.token_count_dispatch_moe_com
 logits matmul, the router and the align stay pinned: an unpinned router could change a token's
 experts, and the layer's agreement cases keep the routing away from near-ties, so this baseline
 isolates the post-routing stages (the router's own baselines are checked by ``moe_router``).
+
+``token_count_configs``: the production speed baseline of ``batchinv bench fused_moe`` -- the
+grouped GEMMs' whole config (BLOCK_K included) and the align block from the token count T as
+vLLM's tuned tables do (:func:`batchinv.fast.grouped_gemm_baselines.token_count_configs`), and
+the atomic-add combine.  No host sync, so it is timed in a CUDA graph like the pinned layer.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from __future__ import annotations
 import torch
 
 from batchinv.fast.fused_moe import compose
-from batchinv.fast.grouped_gemm_baselines import split_k_small_m
-from batchinv.fast.moe_combine_baselines import token_count_dispatch_moe_combine
+from batchinv.fast.grouped_gemm_baselines import split_k_small_m, token_count_block_m
+from batchinv.fast.grouped_gemm_baselines import token_count_configs as token_count_gemm
+from batchinv.fast.moe_combine_baselines import atomic_add_moe_combine, token_count_dispatch_moe_combine
 from batchinv.fast.swiglu_baselines import swiglu_bf16_above_32_rows
 
 
@@ -39,4 +45,26 @@ def unpinned_stages(
         hidden, router_weight, w13, w2, top_k, scoring, renormalize, correction_bias, n_group, topk_group,
         apply_router_weight_on_input,
         gemm=split_k_small_m, activation=swiglu_bf16_above_32_rows, combine=token_count_dispatch_moe_combine,
+    )  # fmt: skip
+
+
+def token_count_configs(
+    hidden: torch.Tensor,
+    router_weight: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    top_k: int,
+    scoring: str = "softmax",
+    renormalize: bool = False,
+    correction_bias: torch.Tensor | None = None,
+    n_group: int = 1,
+    topk_group: int = 1,
+    apply_router_weight_on_input: bool = False,
+) -> torch.Tensor:
+    """:func:`batchinv.fast.fused_moe.fused_moe` with per-token-count grouped GEMM configs and
+    the atomic-add combine (module docstring)."""
+    return compose(
+        hidden, router_weight, w13, w2, top_k, scoring, renormalize, correction_bias, n_group, topk_group,
+        apply_router_weight_on_input,
+        gemm=token_count_gemm, combine=atomic_add_moe_combine, align_block=token_count_block_m,
     )  # fmt: skip

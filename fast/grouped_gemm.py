@@ -3,17 +3,21 @@
 Launcher only: validate (typed errors, shared with the reference), allocate, pick the config
 from a frozen table, size the grid, launch :func:`batchinv.fast.kernels.grouped_gemm.grouped_gemm_kernel`.
 
-Pinning: ``BLOCK_M`` is keyed on (arch, dtype) only, because it is the ``moe_align`` block size
-that the layer must build ``sorted_ids`` with (both projections share one align); it must
-equal the input's ``block_m`` (a property of the align tensors' lengths), which is checked.
-``BLOCK_N``/``BLOCK_K`` are keyed on (arch, dtype, N, K).  Nothing is keyed on T nor on an
-expert's M, and there is no split-K: every output is one fp32 sum over the whole K in
-increasing ``BLOCK_K`` tiles, rounded once.  Production MoE kernels (vLLM's tuned configs per
-M bucket, split-K for small M) vary exactly there: see :mod:`batchinv.fast.grouped_gemm_baselines`.
+Pinning: ``BLOCK_K`` comes from (arch, dtype, N, K) alone (:data:`BLOCK_K_RULES`), and there
+is no split-K: every output is one fp32 sum over the whole K in increasing ``BLOCK_K`` tiles,
+rounded once, whatever the token count T or an expert's M.  ``BLOCK_M`` is the ``moe_align``
+block size, a property of the align tensors (both projections share one align); the layer
+picks it from T (:func:`block_m`'s schedule) and the tile (``BLOCK_N``, warps, stages) follows
+from it (:data:`TILES`).  Those choices move work between programs and never change an
+output's arithmetic: seed 001's observation for this kernel structure, and what the registry
+check ``config_equivalence`` proves for every (block_m, tile) the tables hold.  Production MoE
+kernels vary exactly where this one does not (vLLM's tuned configs per token count change
+BLOCK_K, split-K for small M): see :mod:`batchinv.fast.grouped_gemm_baselines`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +29,14 @@ from batchinv.reference.grouped_gemm import GroupedGemmArgs, validate
 
 @dataclass(frozen=True)
 class GroupedGemmConfig:
-    """A tile configuration (powers of two >= 16).  ``num_warps``/``num_stages`` change no bits."""
+    """A launch configuration (tile sizes powers of two >= 16).
+
+    ``block_k`` fixes each output's fp32 summation order (the K tiles it is accumulated in) and
+    comes from :data:`BLOCK_K_RULES` alone.  ``block_m`` (the align's block), ``block_n``,
+    ``num_warps`` and ``num_stages`` only decide which program computes which outputs and how
+    loads are pipelined: the registry check ``config_equivalence`` proves on every lane that
+    every choice :func:`select_config` can make gives the same bits.
+    """
 
     block_m: int
     block_n: int
@@ -41,59 +52,119 @@ class GroupedGemmConfig:
 
 
 @dataclass(frozen=True)
-class _Rule:
+class Tile:
+    """The bit-neutral part of a config for one ``block_m``: output columns per program and the
+    pipeline (warps, stages)."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class _BlockKRule:
     arch: str
     max_n: int | None
     max_k: int | None
-    config: GroupedGemmConfig
+    block_k: int
     why: str
 
 
-#: ``BLOCK_M`` per arch (bf16): the align's ``block_m``.  Never keyed on T or M.
-BLOCK_M: dict[str, int] = {"interp": 16, "sm90": 64, "sm100": 64}
-
-#: The (arch, N, K) table (bf16 only); first match wins.  No M or T field, on purpose: BLOCK_K
-#: fixes each output's fp32 summation order.  sm90 rows are untuned first choices (no GPU
-#: measurement yet); sm100 copies them.
-TABLE: tuple[_Rule, ...] = (
-    _Rule(
-        "interp",
-        None,
-        None,
-        GroupedGemmConfig(16, 64, 64),
-        "interpreter: N in one tile, K in two (the second partial in most cases)",
-    ),
-    _Rule(
-        "sm90", None, None, GroupedGemmConfig(64, 128, 64, num_warps=4, num_stages=4), "first choice, untuned"
-    ),
-    _Rule("sm100", None, None, GroupedGemmConfig(64, 128, 64, num_warps=4, num_stages=4), "copy of sm90"),
+#: The reduction rule: ``BLOCK_K`` per (arch, dtype, N, K) (bf16 only); first match wins.  No
+#: M, T or block_m field, on purpose.  64 on sm90: vLLM's H200 tables for this layer pick 64 at
+#: both ends of the token range (128 in between, for a few per cent), and every issue shape's K
+#: (768, 2048, 4096, 7168, 14336) is a multiple of it.
+BLOCK_K_RULES: tuple[_BlockKRule, ...] = (
+    _BlockKRule("interp", None, None, 64, "interpreter: K in two tiles (the second partial in most cases)"),
+    _BlockKRule("sm90", None, None, 64, "vLLM's tuned H200 choice at decode and at >= 512 tokens"),
+    _BlockKRule("sm100", None, None, 64, "copy of sm90"),
 )
 
+#: The ``block_m`` values (align block sizes) each arch accepts, with the tile that goes with
+#: each.  Which one the layer uses is :func:`block_m`'s schedule; all of them give the same bits
+#: (``config_equivalence``).  sm90 rows follow the shape of vLLM's tuned H200 configs (BLOCK_N
+#: 64 at decode for more programs, wider tiles and 8 warps at thousands of rows).
+TILES: dict[str, dict[int, Tile]] = {
+    "interp": {16: Tile(64, 4, 3), 32: Tile(32, 4, 3)},
+    "sm90": {16: Tile(64, 4, 4), 32: Tile(128, 4, 4), 64: Tile(128, 4, 3), 128: Tile(256, 8, 3)},
+    "sm100": {16: Tile(64, 4, 4), 32: Tile(128, 4, 4), 64: Tile(128, 4, 3), 128: Tile(256, 8, 3)},
+}
 
-def select_config(arch_key: str, dtype: torch.dtype, n: int, k: int) -> GroupedGemmConfig:
-    """The config of ``(arch, dtype, N, K)``; :class:`ArgumentError` when the table has none."""
+#: The schedule: ``(mean rows per expert at most, block_m)``, first match wins; the mean is
+#: ``T * top_k / E``.  The interpreter always takes 16 (fewest wasted rows per program).
+SCHEDULE: dict[str, tuple[tuple[float, int], ...]] = {
+    "interp": ((math.inf, 16),),
+    "sm90": ((8.0, 16), (16.0, 32), (32.0, 64), (math.inf, 128)),
+    "sm100": ((8.0, 16), (16.0, 32), (32.0, 64), (math.inf, 128)),
+}
+
+#: The ``block_m`` of a launch without a token count (the harness's cases and tests).
+DEFAULT_BLOCK_M: dict[str, int] = {"interp": 16, "sm90": 64, "sm100": 64}
+
+
+def select_config(arch_key: str, dtype: torch.dtype, block_m: int, n: int, k: int) -> GroupedGemmConfig:
+    """The config of ``(arch, dtype, block_m, N, K)``: ``BLOCK_K`` from (arch, dtype, N, K)
+    only, the tile from (arch, block_m).  :class:`ArgumentError` when the tables have none."""
     if dtype != torch.bfloat16:
         raise ArgumentError("a", "dtype bfloat16 (the grouped GEMM's table)", dtype)
-    for rule in TABLE:
+    tiles = TILES.get(arch_key)
+    if tiles is None:
+        raise ArgumentError(
+            "device", f"an architecture of the grouped GEMM table ({sorted(TILES)})", arch_key
+        )
+    if block_m not in tiles:
+        raise ArgumentError(
+            "block_expert",
+            f"the align's block_m one of {sorted(tiles)} on {arch_key} (lengths of sorted_ids / block_expert)",
+            f"block_m = {block_m}",
+        )
+    for rule in BLOCK_K_RULES:
         if (
             rule.arch == arch_key
             and (rule.max_n is None or n <= rule.max_n)
             and (rule.max_k is None or k <= rule.max_k)
         ):
-            return rule.config
-    raise ArgumentError("device", f"an architecture of the grouped GEMM table ({sorted(BLOCK_M)})", arch_key)
+            tile = tiles[block_m]
+            return GroupedGemmConfig(block_m, tile.block_n, rule.block_k, tile.num_warps, tile.num_stages)
+    raise ArgumentError("device", f"an architecture of the grouped GEMM table ({sorted(TILES)})", arch_key)
 
 
-def block_m(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> int:
-    """The ``block_m`` that ``moe_align`` must use for :func:`grouped_gemm` on ``device``."""
-    key = "interp" if interpreting() or device.type != "cuda" else arch(device)
-    if dtype != torch.bfloat16 or key not in BLOCK_M:
-        raise ArgumentError("device", f"an architecture of the grouped GEMM table ({sorted(BLOCK_M)})", key)
-    return BLOCK_M[key]
-
-
-def _arch_key(device: torch.device) -> str:
+def arch_key(device: torch.device) -> str:
+    """The tables' key for ``device``: ``interp`` under the interpreter, else its arch."""
     return "interp" if interpreting() or device.type != "cuda" else arch(device)
+
+
+def layer_block_m(device: torch.device, num_tokens: int, top_k: int, num_experts: int) -> int:
+    """The fused layer's align block for ``num_tokens`` tokens: :func:`block_m`'s schedule."""
+    return block_m(device, num_rows=num_tokens * top_k, num_experts=num_experts)
+
+
+def block_m(
+    device: torch.device,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    num_rows: int | None = None,
+    num_experts: int | None = None,
+) -> int:
+    """The ``block_m`` that ``moe_align`` is called with for :func:`grouped_gemm` on ``device``.
+
+    With ``num_rows`` (``T * top_k``, a host integer: CUDA-graph safe) and ``num_experts``: the
+    :data:`SCHEDULE` by the mean rows per expert; without them: :data:`DEFAULT_BLOCK_M`.  Any
+    value this returns gives the same output bits (``config_equivalence``): it only trades
+    padded rows against tile efficiency.  :class:`ArgumentError` for a dtype or device the
+    tables do not cover, or a negative ``num_rows`` / non-positive ``num_experts``.
+    """
+    key = arch_key(device)
+    if dtype != torch.bfloat16 or key not in TILES:
+        raise ArgumentError("device", f"an architecture of the grouped GEMM table ({sorted(TILES)})", key)
+    if num_rows is None:
+        return DEFAULT_BLOCK_M[key]
+    if num_experts is None or num_experts < 1:
+        raise ArgumentError("num_experts", "a positive int with num_rows", num_experts)
+    if num_rows < 0:
+        raise ArgumentError("num_rows", "an int >= 0", num_rows)
+    mean = num_rows / num_experts
+    return next(bm for limit, bm in SCHEDULE[key] if mean <= limit)
 
 
 def launch(
@@ -156,6 +227,23 @@ def launch(
         )
 
 
+def execute(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    block_expert: torch.Tensor,
+    num_padded: torch.Tensor,
+    args: GroupedGemmArgs,
+    a_per_slot: bool,
+    config: GroupedGemmConfig,
+) -> torch.Tensor:
+    """Allocate the ``[T, k, N]`` output and :func:`launch` into it with ``config`` (validated
+    arguments: :func:`checked`)."""
+    out = torch.empty(args.t * args.k, args.n, dtype=a.dtype, device=a.device)
+    launch(a, w, sorted_ids, block_expert, num_padded, args, a_per_slot, config, out)
+    return out.view(args.t, args.k, args.n)
+
+
 def checked(
     a: torch.Tensor,
     w: torch.Tensor,
@@ -165,8 +253,8 @@ def checked(
     top_k: int,
     a_per_slot: bool,
 ) -> tuple[GroupedGemmArgs, GroupedGemmConfig]:
-    """Validate (typed errors), check the launch device, and look the config up (BLOCK_M equal
-    to the input's block_m)."""
+    """Validate (typed errors), check the launch device, and look the config up (the input's
+    block_m must be one the tile table holds)."""
     args = validate(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot)
     for name, t in (
         ("a", a),
@@ -176,14 +264,7 @@ def checked(
         ("num_padded", num_padded),
     ):
         check_launch_device(name, t)
-    key = _arch_key(a.device)
-    cfg = select_config(key, a.dtype, args.n, args.kdim)
-    if args.block_m != BLOCK_M.get(key, cfg.block_m):
-        raise ArgumentError(
-            "block_expert",
-            f"the align's block_m = BLOCK_M = {BLOCK_M.get(key)} of this device (lengths of sorted_ids / block_expert)",
-            f"block_m = {args.block_m}",
-        )
+    cfg = select_config(arch_key(a.device), a.dtype, args.block_m, args.n, args.kdim)
     return args, cfg
 
 
@@ -195,6 +276,8 @@ def grouped_gemm(
     num_padded: torch.Tensor,
     top_k: int,
     a_per_slot: bool = False,
+    *,
+    config: GroupedGemmConfig | None = None,
 ) -> torch.Tensor:
     """Grouped GEMM of a fused MoE layer: ``c[t, j] = a[t] @ w[e].T`` for each entry
     ``sorted_ids[i] = t * top_k + j`` of a block of expert ``e`` (``a[t * top_k + j]`` with
@@ -210,25 +293,32 @@ def grouped_gemm(
     num_padded : Tensor [1], int32
     top_k : int
     a_per_slot : bool
+    config : GroupedGemmConfig, optional
+        Another execution than the table's (tuning and ``config_equivalence`` only): its
+        ``block_m`` must be the input's; its other fields are taken as given.
 
     Returns
     -------
     Tensor [T, k, N], bf16
         fp32 accumulation over K in increasing ``BLOCK_K`` tiles, one rounding (RNE).  Bitwise
-        invariant in the other tokens, in an expert's M, in a token's position and in the
-        padding: BLOCK sizes from (arch, dtype, N, K) only, no split-K.  Sentinel rows are never
+        invariant in the other tokens, in an expert's M, in a token's position, in the padding
+        and in the align's block_m: BLOCK_K from (arch, dtype, N, K) only, no split-K.  Sentinel rows are never
         read nor written.  NaN/inf propagate as IEEE products and sums.
 
     Raises
     ------
     DTypeError, ArgumentError, DeviceError
-        See :func:`batchinv.reference.grouped_gemm.validate`; also ``block_m`` (from the align
-        tensors' lengths) differing from this device's ``BLOCK_M``, and tensors that cannot be
-        kernel operands here.
+        See :func:`batchinv.reference.grouped_gemm.validate`; also a ``block_m`` (from the align
+        tensors' lengths) that this device's tile table does not hold, and tensors that cannot
+        be kernel operands here.
 
     Source: vLLM's ``fused_moe_kernel`` structure, pinned (no per-M config, no split-K).
     """
     args, cfg = checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot)
-    out = torch.empty(args.t * args.k, args.n, dtype=a.dtype, device=a.device)
-    launch(a, w, sorted_ids, block_expert, num_padded, args, a_per_slot, cfg, out)
-    return out.view(args.t, args.k, args.n)
+    if config is not None:
+        if config.block_m != args.block_m:
+            raise ArgumentError(
+                "config", f"block_m = {args.block_m} (the align's)", f"block_m = {config.block_m}"
+            )
+        cfg = config
+    return execute(a, w, sorted_ids, block_expert, num_padded, args, a_per_slot, cfg)

@@ -8,17 +8,25 @@ launch), as production fused-MoE paths do, so a token's bits change with the oth
 * :func:`bucket_block_k` -- a config per M bucket (vLLM's tuned JSON configs are keyed on the
   batch size): BLOCK_K halved for small-M experts.
 
-Both launch the shipped kernel; they differ from the fast path only in the per-M choice.
+Both launch the shipped kernel; they differ from the fast path only in the per-M choice.  Two
+more keep their choice off the expert's M:
+
+* :func:`token_count_configs` -- the whole config, BLOCK_K included, from the launch's token
+  count T, as vLLM's tuned per-T tables do (a host integer: CUDA-graph safe, the production
+  speed baseline of ``batchinv bench fused_moe``).  A token's bits change with T.
+* :func:`other_block_k` -- the table's config with half its BLOCK_K: invariant along every
+  batch axis, the negative control of ``config_equivalence``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import torch
 
 from batchinv.fast.device import interpreting
-from batchinv.fast.grouped_gemm import checked, launch
+from batchinv.fast.grouped_gemm import GroupedGemmConfig, checked, execute, launch
 from batchinv.reference.grouped_gemm import GroupedGemmArgs
 
 #: Expert-M thresholds: (split into 4 at M <=, split into 2 at M <=); the bucket threshold.
@@ -114,3 +122,64 @@ def bucket_block_k(
     launch(a, w, sorted_ids, _masked(block_expert, ~small), num_padded, args, a_per_slot, cfg, out)
     launch(a, w, sorted_ids, _masked(block_expert, small), num_padded, args, a_per_slot, small_cfg, out)
     return out.view(args.t, args.k, args.n)
+
+
+#: Per token count T: ``(T at most, config)``, first match wins.  GPU rows follow the shape of
+#: vLLM's tuned H200 table for E = 128, N = 768 (``fused_moe/configs``; used for every shape):
+#: BLOCK_M 16 and BLOCK_K 128 through the decode and small-prefill range, BLOCK_K 64 at the
+#: ends.  Interpreter rows change BLOCK_K at T = 2, so the cpu lane sees the variance too.
+TOKEN_COUNT_TABLE: dict[str, tuple[tuple[float, GroupedGemmConfig], ...]] = {
+    "gpu": (
+        (2, GroupedGemmConfig(16, 64, 64, 4, 5)),
+        (32, GroupedGemmConfig(16, 64, 128, 4, 3)),
+        (128, GroupedGemmConfig(16, 128, 128, 4, 2)),
+        (256, GroupedGemmConfig(32, 256, 128, 4, 2)),
+        (512, GroupedGemmConfig(64, 128, 64, 4, 3)),
+        (math.inf, GroupedGemmConfig(128, 256, 64, 8, 4)),
+    ),
+    "interp": ((2, GroupedGemmConfig(16, 64, 32)), (math.inf, GroupedGemmConfig(16, 64, 64))),
+}
+
+
+def token_count_config(num_tokens: int) -> GroupedGemmConfig:
+    """The :data:`TOKEN_COUNT_TABLE` config of a launch of ``num_tokens`` tokens."""
+    return next(cfg for limit, cfg in TOKEN_COUNT_TABLE[_lane()] if num_tokens <= limit)
+
+
+def token_count_block_m(device: torch.device, num_tokens: int, top_k: int, num_experts: int) -> int:
+    """The align block of :func:`token_count_configs` for ``num_tokens`` tokens (the table's);
+    the signature of :func:`batchinv.fast.grouped_gemm.layer_block_m`."""
+    del device, top_k, num_experts
+    return token_count_config(num_tokens).block_m
+
+
+def token_count_configs(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    block_expert: torch.Tensor,
+    num_padded: torch.Tensor,
+    top_k: int,
+    a_per_slot: bool = False,
+) -> torch.Tensor:
+    """Grouped GEMM whose config (BLOCK_K included) comes from the token count T
+    (:data:`TOKEN_COUNT_TABLE`; ``block_m`` stays the input's).  No host sync: capturable."""
+    args, _ = checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot)
+    config = replace(token_count_config(args.t), block_m=args.block_m)
+    return execute(a, w, sorted_ids, block_expert, num_padded, args, a_per_slot, config)
+
+
+def other_block_k(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    block_expert: torch.Tensor,
+    num_padded: torch.Tensor,
+    top_k: int,
+    a_per_slot: bool = False,
+) -> torch.Tensor:
+    """The table's config with half its BLOCK_K: invariant in the batch, but another association
+    of every fp32 sum, which ``config_equivalence`` must tell from the declared configs."""
+    args, cfg = checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot)
+    config = replace(cfg, block_k=max(16, cfg.block_k // 2))
+    return execute(a, w, sorted_ids, block_expert, num_padded, args, a_per_slot, config)

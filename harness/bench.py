@@ -27,6 +27,9 @@ INNER = 10
 #: The copy bandwidth the floors are computed with (bytes read + written per second): the H200's
 #: measured device-to-device copy rate (docs/BENCHMARKS.md, "Ceilings used").
 COPY_BYTES_PER_S = 4.3e12
+#: The dense bf16 tensor-core rate the flops floors use: the H200's (H100 SXM's) datasheet peak,
+#: 989 TFLOP/s without sparsity (docs/BENCHMARKS.md, "Ceilings used").
+BF16_FLOPS_PER_S = 989e12
 
 
 @dataclass
@@ -37,7 +40,7 @@ class BenchPoint:
     microseconds: float
     mode: str  # "graph" or "eager"
     ratio_to_fast: float | None = None
-    floor_microseconds: float | None = None  # the component's bench_bytes over COPY_BYTES_PER_S
+    floor_microseconds: float | None = None  # bench_bytes / COPY_BYTES_PER_S, or flops / rate if larger
 
     @property
     def share_of_floor(self) -> float | None:
@@ -105,11 +108,11 @@ def bench_component(component: Any, lane: Lane, reps: int) -> list[BenchPoint]:
             _release(torch)
             continue
         kwargs = batch.kwargs()
-        floor = None
-        if component.bench_bytes is not None:
-            floor = component.bench_bytes(batch) / COPY_BYTES_PER_S * 1e6
+        floor = floor_microseconds(component, batch)
         impls = [("fast", component.fast)] + [
-            (b.name, b.fn) for b in component.baselines if lane in b.lanes and not b.is_pin_candidate
+            (b.name, b.fn)
+            for b in component.baselines
+            if lane in b.lanes and not b.is_pin_candidate and b.timed
         ]
         fast_us = None
         for name, fn in impls:
@@ -131,6 +134,17 @@ def bench_component(component: Any, lane: Lane, reps: int) -> list[BenchPoint]:
         del batch, kwargs
         _release(torch)  # the next case's operands may need the room (GBs of KV cache)
     return points
+
+
+def floor_microseconds(component: Any, batch: Any) -> float | None:
+    """The larger of the bytes' time at the copy bandwidth and the flops' time at the bf16
+    tensor-core peak (either term only where the component gives it; None without both)."""
+    times = []
+    if component.bench_bytes is not None:
+        times.append(component.bench_bytes(batch) / COPY_BYTES_PER_S * 1e6)
+    if component.bench_flops is not None:
+        times.append(component.bench_flops(batch) / BF16_FLOPS_PER_S * 1e6)
+    return max(times) if times else None
 
 
 def _release(torch: Any) -> None:
@@ -204,8 +218,8 @@ def main(lane: Lane, names: Sequence[str], out: Path | None, reps: int) -> int:
             f"Bench {env['date']} on {env['device']} (torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}); "
             f"CUDA graph of {INNER} calls, median of {reps} replays.",
             "",
-            f"Floor: bytes moved / {COPY_BYTES_PER_S / 1e12:.1f} TB/s where the component gives them; "
-            "'of floor' = floor / time.",
+            f"Floor: bytes moved / {COPY_BYTES_PER_S / 1e12:.1f} TB/s where the component gives them, or "
+            f"bf16 flops / {BF16_FLOPS_PER_S / 1e12:.0f} TFLOP/s where larger; 'of floor' = floor / time.",
             "",
             "| component | case | implementation | us/call | fast/baseline | floor us | of floor | mode |",
             "|---|---|---|---|---|---|---|---|",

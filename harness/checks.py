@@ -294,7 +294,7 @@ def _request_check(
         pools = {mix: built(component, c, device) for mix, c in model.neighbours(case, lane).items()}
     if check == "slot":
         return invariance.slot(call, batch, next(iter(pools.values())), model, generator)
-    lane_sizes = co_batch_sizes(lane)
+    lane_sizes = model.co_batch_sizes(lane) if model.co_batch_sizes is not None else co_batch_sizes(lane)
     sizes = tuple(k for k in lane_sizes if m_limit is None or k + 1 <= m_limit)
     result.m_cut = len(sizes) < len(lane_sizes) and any(p.num_rows > 0 for p in pools.values())
     others: Batch | dict[str, Batch] = pools[""] if "" in pools else pools

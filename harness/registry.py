@@ -160,6 +160,8 @@ class Baseline:
         env: for a *pin candidate*, environment variables the check runs under (in a subprocess,
             since libraries read them at handle creation); its invariance is reported, not assumed.
         accepts_partition: ``fn`` takes the component's partition keyword.
+        timed: ``batchinv bench`` times it beside the fast kernel (False: a construction for
+            negative controls only, e.g. one that syncs with the host, not a production path).
     """
 
     name: str
@@ -169,6 +171,7 @@ class Baseline:
     lanes: frozenset[Lane] = ALL_LANES
     env: Mapping[str, str] | None = None
     accepts_partition: bool = False
+    timed: bool = True
 
     @property
     def is_pin_candidate(self) -> bool:
@@ -246,6 +249,18 @@ CO_BATCH_SIZES: tuple[int, ...] = (1, 2, 7, 31, 255)
 CO_BATCH_SIZES_CPU: tuple[int, ...] = (1, 2, 7)
 
 
+#: Other requests beside a target for token-level components (a request = one token: MoE) on
+#: GPU lanes: launches of 2 to 4096 tokens, so an expert flooded by the others has an M from 1
+#: to thousands.
+TOKEN_CO_BATCH_SIZES: tuple[int, ...] = (1, 7, 63, 511, 4095)
+
+
+def token_co_batch_sizes(lane: Lane) -> tuple[int, ...]:
+    """A token-level ``RequestModel.co_batch_sizes``: :data:`TOKEN_CO_BATCH_SIZES` on GPU lanes,
+    the lane's :func:`co_batch_sizes` on the cpu lane (the interpreter)."""
+    return TOKEN_CO_BATCH_SIZES if lane.is_gpu else co_batch_sizes(lane)
+
+
 def co_batch_sizes(lane: Lane) -> tuple[int, ...]:
     """How many other requests the co_batch check puts beside the target on ``lane``."""
     return CO_BATCH_SIZES if lane.is_gpu else CO_BATCH_SIZES_CPU
@@ -273,12 +288,16 @@ class RequestModel:
             joins them (same heads, head size, page size, dtype...), seeds derived from the
             case's seed.  co_batch spreads the mixes round-robin over its (target, size) pairs;
             slot uses the first mix.  None: one pool, the same case with another seed.
+        co_batch_sizes: ``co_batch_sizes(lane)`` -> the numbers of other requests co_batch puts
+            beside a target (each its own launch); None: the lane's :func:`co_batch_sizes`.  A
+            token-level component (a request = one token) asks for thousands on GPU lanes.
     """
 
     take: Callable[[Batch, Sequence[int]], Batch]
     concat: Callable[[Sequence[Batch]], Batch]
     relocate: Callable[[Batch, torch.Generator], Batch]
     neighbours: Callable[[Case, Lane], Mapping[str, Case]] | None = None
+    co_batch_sizes: Callable[[Lane], tuple[int, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -307,6 +326,8 @@ class Component:
         bench_bytes: ``bench_bytes(batch)`` -> the fewest bytes a call on ``batch`` must move
             (inputs read once, outputs written once): ``batchinv bench`` reports the floor, these
             bytes over the copy bandwidth, and the fast kernel's share of it.  None: no floor.
+        bench_flops: ``bench_flops(batch)`` -> the fewest bf16 tensor-core flops a call needs: the
+            floor is the larger of the bytes' and the flops' times.  None: bytes only.
         reference_device: where the reference runs ("same" as the inputs, or "cpu" to force CPU).
         fast_path: ``fast_path(batch)`` -> True when ``fast`` runs its own kernel on ``batch``,
             False when it dispatches to the reference (outside the kernel's envelope).  None: the
@@ -357,6 +378,7 @@ class Component:
     strategy: Callable[[Lane, torch.device], Any] | None = None
     bench_cases: Callable[[Lane], Sequence[Case]] = lambda lane: ()
     bench_bytes: Callable[[Batch], int] | None = None
+    bench_flops: Callable[[Batch], int] | None = None
     fast_path: Callable[[Batch], bool] | None = None
     oracle: Callable[..., Any] | None = None
     requests: RequestModel | None = None

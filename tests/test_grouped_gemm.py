@@ -9,6 +9,7 @@ checks (agreement, co_batch, slot, placement, repeat, negative controls) live in
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 
@@ -16,7 +17,17 @@ import pytest
 import torch
 
 from batchinv.fast import grouped_gemm as fast_module
-from batchinv.fast.grouped_gemm import BLOCK_M, TABLE, block_m, checked, grouped_gemm, launch, select_config
+from batchinv.fast.grouped_gemm import (
+    BLOCK_K_RULES,
+    DEFAULT_BLOCK_M,
+    SCHEDULE,
+    TILES,
+    block_m,
+    checked,
+    grouped_gemm,
+    launch,
+    select_config,
+)
 from batchinv.harness.components import grouped_gemm as component
 from batchinv.harness.lanes import Lane
 from batchinv.harness.plugin import current_lane
@@ -68,13 +79,34 @@ def test_align_is_moe_align_with_the_devices_block_m():
 
 
 @pytest.mark.cpu
-def test_table_never_keyed_on_tokens_or_expert_m():
+def test_block_k_never_keyed_on_tokens_expert_m_or_block_m():
+    # select_config's BLOCK_K comes from (arch, dtype, N, K): the rules have no other field, and
+    # every block_m the tile table holds gets the same BLOCK_K for a shape
     params = list(inspect.signature(select_config).parameters)
-    assert params == ["arch_key", "dtype", "n", "k"]
+    assert params == ["arch_key", "dtype", "block_m", "n", "k"]
     assert {"m", "t", "num_tokens"}.isdisjoint(params)
-    for rule in TABLE:
-        assert rule.config.block_m == BLOCK_M[rule.arch], rule
-    assert block_m(torch.device("cpu")) == BLOCK_M["interp"]
+    assert {f.name for f in dataclasses.fields(BLOCK_K_RULES[0])} == {"arch", "max_n", "max_k", "block_k", "why"}
+    for arch_key, tiles in TILES.items():
+        for n, k in ((1536, 2048), (2048, 768), (4096, 7168), (28672, 4096), (4096, 14336), (64, 100)):
+            block_ks = {select_config(arch_key, torch.bfloat16, bm, n, k).block_k for bm in tiles}
+            assert len(block_ks) == 1, (arch_key, n, k, block_ks)
+    assert block_m(torch.device("cpu")) == DEFAULT_BLOCK_M["interp"]
+
+
+@pytest.mark.cpu
+def test_schedule_gives_block_ms_the_tile_table_holds():
+    for arch_key, schedule in SCHEDULE.items():
+        assert {bm for _, bm in schedule} <= set(TILES[arch_key]), arch_key
+        assert DEFAULT_BLOCK_M[arch_key] in TILES[arch_key]
+        limits = [limit for limit, _ in schedule]
+        assert limits == sorted(limits) and limits[-1] == math.inf, arch_key
+    cpu = torch.device("cpu")
+    assert block_m(cpu, num_rows=0, num_experts=4) == 16
+    assert block_m(cpu, num_rows=10**6, num_experts=4) == 16
+    with pytest.raises(ArgumentError, match="'num_experts'"):
+        block_m(cpu, num_rows=8)
+    with pytest.raises(ArgumentError, match="'num_rows'"):
+        block_m(cpu, num_rows=-1, num_experts=4)
 
 
 @any_lane
@@ -141,12 +173,17 @@ def test_take_and_concat_rebuild_the_align():
 
 
 @pytest.mark.cpu
-def test_block_m_must_be_the_devices():
+def test_block_m_must_be_one_the_tile_table_holds():
     batch = component.build(case_of(T=3), DEVICE)
     routing = component._routing(batch)
-    ids, be, npad = component._align(routing, 4, 2 * block_m(DEVICE))
+    want = grouped_gemm(**batch.kwargs())
+    for bm in sorted(TILES["interp"]):  # every block_m of the table: accepted, the same bits
+        ids, be, npad = component._align(routing, 4, bm)
+        kw = {**batch.kwargs(), "sorted_ids": ids, "block_expert": be, "num_padded": npad}
+        assert torch.equal(grouped_gemm(**kw), want), bm
+    ids, be, npad = component._align(routing, 4, 2 * max(TILES["interp"]))
     kw = {**batch.kwargs(), "sorted_ids": ids, "block_expert": be, "num_padded": npad}
-    with pytest.raises(ArgumentError, match="BLOCK_M"):
+    with pytest.raises(ArgumentError, match="block_m one of"):
         grouped_gemm(**kw)
     assert reference(**kw).shape == (3, 2, 32)  # the reference takes any block_m
 

@@ -50,6 +50,7 @@ from batchinv.harness.registry import (
     Outputs,
     RequestModel,
     Toleranced,
+    token_co_batch_sizes,
 )
 from batchinv.reference import fused_moe as ref_moe
 from batchinv.reference.errors import ArgumentError, DTypeError
@@ -273,8 +274,9 @@ def relocate(batch: Batch, generator: torch.Generator) -> Batch:
     )
 
 
-#: Other tokens per neighbour case: few on the cpu lane (the interpreter), 32 on GPU lanes.
-NEIGHBOUR_TOKENS = {False: 4, True: 32}
+#: Other tokens per neighbour case: few on the cpu lane (the interpreter), 64 on GPU lanes
+#: (co_batch cycles through them up to thousands).
+NEIGHBOUR_TOKENS = {False: 4, True: 64}
 
 
 def neighbours(case: Case, lane: Lane) -> dict[str, Case]:
@@ -285,6 +287,64 @@ def neighbours(case: Case, lane: Lane) -> dict[str, Case]:
         axes = {**ax, "T": NEIGHBOUR_TOKENS[lane.is_gpu], "mix": mix, "of_T": ax["T"], "of_seed": case.seed}
         out[mix] = Case(case.component, axes, seed=case.seed + 7919 * (i + 1))
     return out
+
+
+# --- bench -------------------------------------------------------------------------------------
+
+#: The issue's token counts and shapes (bf16): Qwen3-30B-A3B-, DeepSeek-V3- and Mixtral-like.
+BENCH_TOKENS = (1, 8, 64, 256, 1024, 4096)
+BENCH_SHAPES = (
+    (128, 8, 2048, 768, "softmax", 1, 1),
+    (256, 8, 7168, 2048, "sigmoid", 8, 4),
+    (8, 2, 4096, 14336, "softmax", 1, 1),
+)
+
+
+def bench_cases(lane: Lane) -> list[Case]:
+    """``batchinv bench`` cases (GPU lanes): every shape of :data:`BENCH_SHAPES` at every T of
+    :data:`BENCH_TOKENS`, renormalized weights applied at the combine."""
+    if not lane.is_gpu:
+        return []
+    return [
+        _case(e, k, h, i, t, scoring, True, False, n_group=g, topk_group=tg, seed=t)
+        for e, k, h, i, scoring, g, tg in BENCH_SHAPES
+        for t in BENCH_TOKENS
+    ]
+
+
+def _experts_used(batch: Batch) -> int:
+    """How many distinct experts the batch's tokens are routed to (the pinned router's choice)."""
+    from batchinv.fast.matmul import matmul
+    from batchinv.fast.moe_router import moe_router
+
+    kw = batch.kwargs()
+    logits = matmul(kw["hidden"], kw["router_weight"], out_dtype=torch.float32)
+    _, ids = moe_router(
+        logits,
+        kw["top_k"],
+        kw["scoring"],
+        kw["renormalize"],
+        kw["correction_bias"],
+        kw["n_group"],
+        kw["topk_group"],
+    )
+    return int(ids.unique().numel())
+
+
+def bench_bytes(batch: Batch) -> int:
+    """The weights of every expert the tokens use (w13 and w2, read once), the router weight, and
+    hidden read and written once: the decode floor."""
+    kw = batch.kwargs()
+    per_expert = (kw["w13"][0].numel() + kw["w2"][0].numel()) * 2
+    return _experts_used(batch) * per_expert + kw["router_weight"].numel() * 2 + 2 * kw["hidden"].numel() * 2
+
+
+def bench_flops(batch: Batch) -> int:
+    """The expert GEMMs' flops: ``2 T k (2 I H + H I)`` (the router's ``2 T E H`` included)."""
+    kw = batch.kwargs()
+    t, h = kw["hidden"].shape
+    e, two_i, _ = kw["w13"].shape
+    return 2 * t * kw["top_k"] * 3 * (two_i // 2) * h + 2 * t * e * h
 
 
 # --- agreement ---------------------------------------------------------------------------------
@@ -394,6 +454,14 @@ COMPONENT = Component(
             "the same pipeline with split-K for small-M experts in both grouped GEMMs, a bf16 activation "
             "above 32 rows and the token-count dispatched combine: a token's bits follow its experts' M",
             expected_to_vary_on=ALL_LANES,
+            timed=False,
+        ),
+        Baseline(
+            "token_count_configs",
+            bl.token_count_configs,
+            "the production speed baseline: the grouped GEMMs' config (BLOCK_K included) and align block "
+            "from the token count, as vLLM's tuned per-T tables pick them, and the atomic-add combine",
+            expected_to_vary_on=ALL_LANES,
         ),
     ),
     cases=cases,
@@ -409,5 +477,14 @@ COMPONENT = Component(
     lanes=ALL_LANES,
     dtypes=(torch.bfloat16,),
     error_cases=error_cases,
-    requests=RequestModel(take=take, concat=concat, relocate=relocate, neighbours=neighbours),
+    requests=RequestModel(
+        take=take,
+        concat=concat,
+        relocate=relocate,
+        neighbours=neighbours,
+        co_batch_sizes=token_co_batch_sizes,
+    ),
+    bench_cases=bench_cases,
+    bench_bytes=bench_bytes,
+    bench_flops=bench_flops,
 )

@@ -24,9 +24,11 @@ shows through the bf16 rounding, so per-M reduction changes are visible on tiny 
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -45,6 +47,7 @@ from batchinv.harness.registry import (
     Outputs,
     RequestModel,
     Toleranced,
+    token_co_batch_sizes,
 )
 from batchinv.reference import grouped_gemm as ref_gemm
 from batchinv.reference import moe_align as ref_align
@@ -298,7 +301,7 @@ def accumulation_group(batch: Batch) -> int:
     a = batch.rows["a"]
     if a.device.type != "cuda":
         w = batch.shared["w"]
-        return fast_gemm.select_config("interp", a.dtype, w.shape[1], w.shape[2]).block_k
+        return fast_gemm.select_config("interp", a.dtype, 16, w.shape[1], w.shape[2]).block_k
     return 16
 
 
@@ -312,6 +315,50 @@ def tight(batch: Batch, reference: Outputs) -> Outputs:
     return (
         ref_gemm.tolerance_bound(**batch.kwargs(), reference=reference[0], group=accumulation_group(batch)),
     )
+
+
+# --- config_equivalence ----------------------------------------------------------------------
+
+
+def _realigned(fn: Any, block_m: int) -> Any:
+    """``fn`` run on the batch's routing aligned again with ``block_m`` (the same tokens, slots
+    and experts; other padding and blocks)."""
+
+    def call(**kw: Any) -> torch.Tensor:
+        batch = Batch({"a": kw["a"]}, {k: v for k, v in kw.items() if k != "a"})
+        ids, be, npad = _align(_routing(batch), kw["w"].shape[0], block_m)
+        dev = kw["w"].device
+        moved = {**kw, "sorted_ids": ids.to(dev), "block_expert": be.to(dev), "num_padded": npad.to(dev)}
+        return fn(**moved)
+
+    return call
+
+
+def configs(batch: Batch, lane: Lane) -> dict[str, Any]:
+    """Every execution the launcher can pick for the batch's (N, K) besides the one it ran:
+    each ``block_m`` of the device's tile table (the routing aligned again with it) with its
+    tile, and on GPU lanes each with the other warps count and one stage fewer.  Always the
+    table's BLOCK_K.  Named ``BMxBNxBK wW sS``."""
+    w = batch.shared["w"]
+    key = fast_gemm.arch_key(w.device)
+    n, kdim = int(w.shape[1]), int(w.shape[2])
+    rows = int(batch.rows["a"].shape[0]) * int(batch.shared["top_k"])
+    ran_bm = (int(batch.shared["sorted_ids"].shape[0]) - rows) // int(w.shape[0]) + 1  # the align's
+    ran = fast_gemm.select_config(key, torch.bfloat16, ran_bm, n, kdim)
+    out: dict[str, Any] = {}
+    for bm in sorted(fast_gemm.TILES[key]):
+        cfg = fast_gemm.select_config(key, torch.bfloat16, bm, n, kdim)
+        variants = [cfg]
+        if lane.is_gpu:
+            variants.append(
+                replace(cfg, num_warps=8 if cfg.num_warps == 4 else 4, num_stages=max(2, cfg.num_stages - 1))
+            )
+        for v in variants:
+            if v == ran:
+                continue
+            name = f"{v.block_m}x{v.block_n}x{v.block_k} w{v.num_warps} s{v.num_stages}"
+            out[name] = _realigned(functools.partial(fast_gemm.grouped_gemm, config=v), bm)
+    return out
 
 
 # --- error inputs --------------------------------------------------------------------------------
@@ -337,9 +384,11 @@ def error_cases(device: torch.device) -> list[ErrorCase]:
     bad_expert[0] = 4
     bad_tail = be.clone()
     bad_tail[-1] = 0
-    # the align of the same routing with twice this device's block_m: valid for the reference,
-    # not this device's BLOCK_M
-    half_ids, half_be, half_np = _align(_routing(good_batch), 4, 2 * fast_gemm.block_m(device))
+    # the align of the same routing with a block_m the device's tile table lacks: valid for the
+    # reference, refused by the fast path
+    half_ids, half_be, half_np = _align(
+        _routing(good_batch), 4, 2 * max(fast_gemm.TILES[fast_gemm.arch_key(device)])
+    )
     return [
         ErrorCase("k_mismatch", bad(w=w[..., :32]), ArgumentError, "'w'.*K = 64"),
         ErrorCase("w_not_3d", bad(w=w[0]), ArgumentError, "'w'.*3-D"),
@@ -371,7 +420,7 @@ def error_cases(device: torch.device) -> list[ErrorCase]:
                 sorted_ids=half_ids.to(device), block_expert=half_be.to(device), num_padded=half_np.to(device)
             ),
             ArgumentError,
-            "'block_expert'.*BLOCK_M",
+            "'block_expert'.*block_m one of",
             applies_to=("fast",),
         ),
         ErrorCase("w_on_meta", bad(w=w.to("meta")), DeviceError, "'w'"),
@@ -404,6 +453,20 @@ COMPONENT = Component(
             "whose M is at or below the bucket threshold",
             expected_to_vary_on=ALL_LANES,
         ),
+        Baseline(
+            "token_count_configs",
+            bl.token_count_configs,
+            "the config, BLOCK_K included, from the launch's token count (vLLM's tuned per-T tables): a "
+            "token's summation order follows how many tokens share the launch",
+            expected_to_vary_on=ALL_LANES,
+        ),
+        Baseline(
+            "other_block_k",
+            bl.other_block_k,
+            "config_equivalence's negative control: the table's config with half its BLOCK_K (another "
+            "association of each fp32 sum), a config that must never be declared equivalent",
+            expected_to_vary_on=ALL_LANES,
+        ),
     ),
     cases=cases,
     build=build,
@@ -423,5 +486,12 @@ COMPONENT = Component(
     lanes=ALL_LANES,
     dtypes=(torch.bfloat16,),
     error_cases=error_cases,
-    requests=RequestModel(take=take, concat=concat, relocate=relocate, neighbours=neighbours),
+    requests=RequestModel(
+        take=take,
+        concat=concat,
+        relocate=relocate,
+        neighbours=neighbours,
+        co_batch_sizes=token_co_batch_sizes,
+    ),
+    configs=configs,
 )
