@@ -27,11 +27,19 @@ def blocks_for(i: int) -> tuple[int, int]:
 def swiglu(
     gate_up: torch.Tensor, scale: torch.Tensor | None = None, *, silu_bf16: bool = False
 ) -> torch.Tensor:
-    """``out = silu(gate) * (up * scale)`` per element: one fp32 sequence, one final rounding.
+    """``out = silu(gate) * up * scale`` per element: one fp32 sequence, one final rounding.
 
     With ``g`` the gate, ``u`` the up value and ``s`` the row's scale (1 if None), in fp32:
-    ``e = exp(-|g|)``, ``num = g * e if g < 0 else g``, ``silu = num / (1 + e)``, ``v = u * s``
-    (only with a scale), ``out = silu * v``, rounded once to gate_up's dtype (nearest-even).
+    ``e = exp(-|g|)``, ``num = g * e if g < 0 else g``, ``silu = num / (1 + e)``, then
+    ``out = silu * u`` without a scale, ``silu * (u * s)`` for |s| <= 1 and ``(silu * u) * s``
+    for |s| > 1 (a routed scaling factor such as DeepSeek-V3's 2.5 multiplies last), rounded
+    once to gate_up's dtype (nearest-even).  The order keeps every intermediate finite unless
+    the output overflows: for |s| <= 1, |u s| <= |u| (an input, finite in fp32); for |s| > 1,
+    an overflowing ``silu * u`` makes the exact product larger still, past the output range.
+    Where the sequence gives ``0 * inf`` although no exact factor is zero or NaN (silu flushed
+    to +-0 below g = -87, or a product underflowed, times an infinite u or s; silu(+inf) times
+    an underflowed ``u * s``), the output is the exact limit: the infinity of sign
+    sign(g) sign(u) sign(s).
 
     Parameters
     ----------
@@ -45,10 +53,10 @@ def swiglu(
     -------
     Tensor [M, I] of gate_up's dtype.  Bitwise invariant along M, row position and neighbours,
     row_start, and repeated calls: each element is one fixed fp32 sequence of its own inputs.
-    NaN propagates; silu(+inf) = +inf, silu(-inf) = NaN (-inf * 0), -0 stays -0.  Departures
-    from the exact value (documented, bounded by ``harness/components/swiglu.py``): fp32
-    underflow of exp(-|g|) for g < -87 (silu flushes towards +-0), and an infinite or
-    overflowing ``u * s`` times such a flushed silu gives NaN where the exact limit is +-inf.
+    NaN propagates; silu(+inf) = +inf, silu(-inf) = NaN (-inf * 0), -0 stays -0, and an
+    exact zero factor times an infinite one is NaN (silu(0) * inf, as IEEE and the reference).
+    Departure from the exact value (bounded by ``harness/components/swiglu.py``): fp32
+    underflow of exp(-|g|) for g < -87 (silu flushes towards +-0 times a finite ``u * s``).
 
     Raises
     ------

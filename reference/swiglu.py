@@ -11,10 +11,16 @@ Formula (exact real arithmetic, evaluated in fp64)::
             = g * exp(g) / (1 + exp(g))    for g < 0  (the same value; exp never overflows)
     out[m, j] = silu(g) * (u * s)
 
-The fast kernel evaluates the same formula in that order in fp32 with one final rounding to
-gate_up's dtype; this reference evaluates it in fp64 (every input is exact there) and is within
-a few fp64 ULPs of the exact value.  IEEE semantics: NaN anywhere gives NaN; silu(+inf) = +inf,
-silu(-inf) = -inf * 0 = NaN (the formula, as ``F.silu``); +-0 keep their sign (silu(-0) = -0).
+The fast kernel evaluates the same formula in fp32 with one final rounding to gate_up's dtype
+(the scale last when |s| > 1); this reference evaluates it in fp64 (every input is exact there,
+and ``u * s`` is exact: no fp64 overflow or underflow) and is within a few fp64 ULPs of the
+exact value.  IEEE semantics: NaN anywhere gives NaN; silu(+inf) = +inf, silu(-inf) = -inf * 0
+= NaN (the formula, as ``F.silu``); +-0 keep their sign (silu(-0) = -0); an exact zero factor
+(g = +-0, u = +-0 or s = +-0) times an infinite one is NaN.  silu(g) of a finite nonzero g is
+nonzero, but below g ~ -745 fp64's exp(-|g|) underflows and silu64 gives -0: times an infinite
+``u * s`` that would be NaN, so there the output is the exact limit, the signed infinity
+sign(g) * (u * s).  (Times a finite ``u * s`` the lost value is below 2^-700, far under half of
+any output dtype's smallest subnormal.)
 Argument validation is shared with the fast launcher (:func:`check_swiglu_args`).
 """
 
@@ -61,7 +67,8 @@ def silu64(g: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu(gate_up: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """``silu(gate) * (up * scale)`` per element, in fp64.
+    """``silu(gate) * (up * scale)`` per element, in fp64 (signed infinity where silu
+    underflows fp64 and ``up * scale`` is infinite: see the module docstring).
 
     Parameters
     ----------
@@ -84,6 +91,10 @@ def swiglu(gate_up: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Te
     g, u = x[:, :i], x[:, i:]  # [M, I] each
     if scale is not None:
         u = u * scale.to(torch.float64)[:, None]  # [M, I]
-    out = silu64(g) * u
+    silu = silu64(g)
+    out = silu * u
+    # silu underflowed fp64 (g < ~-745, finite): the exact limit times an infinite u * s
+    lost = (silu == 0) & (g != 0) & torch.isinf(u)
+    out = torch.where(lost, u * torch.sign(g), out)
     assert out.shape == (m, i)
     return out

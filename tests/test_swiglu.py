@@ -48,6 +48,54 @@ def test_special_gates_follow_ieee_and_the_documented_formula():
     assert torch.equal(round_once(ref, torch.bfloat16).isnan(), out.isnan())
 
 
+def test_a_flushed_silu_times_infinity_is_the_signed_infinity():
+    """silu(g) of a finite nonzero g is nonzero (sign of g) even where fp32's exp(-|g|) (below
+    g ~ -104, -87 with FTZ) or fp64's (below -745) underflows: times +-inf the exact limit is
+    the signed infinity, in the kernel and the reference alike; silu(+-0) * inf and silu(-inf)
+    stay NaN."""
+    inf, nan = math.inf, math.nan
+    gate = [-100.0, -104.0, -800.0, -1e4, -1e30, 1.5, 0.0, -0.0, -inf]
+    up = [inf, -inf, inf, -inf, inf, -inf, inf, -inf, inf]
+    expected = [-inf, inf, -inf, inf, -inf, -inf, nan, nan, nan]  # sign(g) sign(u) inf, or NaN
+    x = _gate_up(gate, up)
+    for got in (fast.swiglu(x).double()[0], reference.swiglu(x)[0]):
+        for value, want in zip(got.tolist(), expected, strict=True):
+            assert (math.isnan(value) and math.isnan(want)) or value == want, (got, expected)
+
+
+def test_a_scale_infinite_or_underflowing_keeps_the_exact_limit():
+    inf = math.inf
+    # gates | ups.  Row 0: flushed silu times finite u times s = +inf: sign(g u) inf (g = 0: NaN);
+    # row 1: silu(+inf) times a subnormal u * s (0 in fp32, not in fp64): sign(u) inf (u = 0: NaN)
+    x = torch.tensor(
+        [[-104.0, -800.0, 0.0, 2.0, 3.0, -3.0, 1.0, 1.0], [inf, inf, inf, 1.0, 1e-40, -1e-40, 0.0, 1.0]],
+        dtype=torch.float64,
+    ).to(torch.bfloat16)
+    s = torch.tensor([inf, 1e-40])
+    out = fast.swiglu(x, s).double()
+    ref = reference.swiglu(x, s)
+    for got in (out, ref):
+        assert got[0, 0] == -inf and got[0, 1] == inf and math.isnan(got[0, 2]) and got[0, 3] == inf
+        assert got[1, 0] == inf and got[1, 1] == -inf and math.isnan(got[1, 2])
+    assert _judge(Batch({"gate_up": x, "scale": s}), fast.swiglu(x, s)).status == "pass"
+
+
+@pytest.mark.parametrize("scale", [2.5, 0.5])
+def test_a_huge_up_times_a_scale_above_or_below_one_stays_finite(scale):
+    """u = 0.9 bf16 max: u * 2.5 overflows fp32 and so does silu(2) * u, but the exact products
+    silu(g) u s here are finite: the kernel orders the product by |s| (review item 2)."""
+    top = torch.finfo(torch.bfloat16).max * 0.9
+    gate = [-4.0, -1.0, 0.1, 0.4, 2.0, -100.0]
+    x = _gate_up(gate, [top, -top, top, -top, top, -top])
+    s = torch.tensor([scale])
+    ref = reference.swiglu(x, s)
+    out = fast.swiglu(x, s)
+    finite = ref.abs() < torch.finfo(torch.bfloat16).max
+    assert int(finite.sum()) == (6 if scale == 0.5 else 5)  # silu(2) u 2.5 is past the range
+    assert bool(out.double()[finite].isfinite().all())
+    assert _judge(Batch({"gate_up": x, "scale": s}), out).status == "pass"
+
+
 def test_scale_zero_and_nan():
     x = torch.randn(3, 8).to(torch.bfloat16)
     out = fast.swiglu(x, torch.tensor([0.0, math.nan, 1.0]))

@@ -1,10 +1,17 @@
 """Triton kernel of the MoE SwiGLU activation (only ``@triton.jit`` code).
 
-One program computes ``BLOCK_N`` columns of ``BLOCK_M`` rows (N = I, the intermediate size): ``out = silu(g) * (u * s)`` in fp32 with one
-rounding at the store, ``silu(g) = num / (1 + e)``, ``e = exp(-|g|)``, ``num = g * e`` for
-g < 0 and ``g`` otherwise (e in (0, 1]: the exponential never overflows).  Every element is
-computed by the same instruction sequence whatever its row, column block or the grid, so the
-bits depend only on the element's own inputs.  The launcher is :mod:`batchinv.fast.swiglu`.
+One program computes ``BLOCK_N`` columns of ``BLOCK_M`` rows (N = I, the intermediate size):
+``out = silu(g) * u * s`` in fp32 with one rounding at the store, ``silu(g) = num / (1 + e)``,
+``e = exp(-|g|)``, ``num = g * e`` for g < 0 and ``g`` otherwise (e in (0, 1]: the exponential
+never overflows).  The product's order depends on the row's scale alone: ``silu * (u * s)`` for
+|s| <= 1 (|u * s| <= |u|, never overflows), ``(silu * u) * s`` otherwise (the scale last: a
+routed scaling factor such as 2.5 times a u near fp32's maximum would overflow first), so no
+intermediate overflows unless the output does.  Where that sequence gives ``0 * inf`` but no
+exact factor is zero (silu(g) flushed to 0 below g = -87 or a product underflowed, times an
+infinite u or s, or silu(+inf) times an underflowed ``u * s``), the output is the signed
+infinity, the exact limit.  Every element is computed by the same instruction sequence
+whatever its row, column block or the grid, so the bits depend only on the element's own
+inputs.  The launcher is :mod:`batchinv.fast.swiglu`.
 """
 
 from __future__ import annotations
@@ -13,6 +20,10 @@ import triton
 import triton.language as tl
 
 from batchinv.fast.kernels.matmul import exact_fp32, fp32_to_bf16_rne
+
+# Constants used inside kernels must be tl.constexpr globals to compile on a real GPU.
+NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
+POS_INF: tl.constexpr = tl.constexpr(float("inf"))
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -33,7 +44,7 @@ def swiglu_kernel(
     SILU_BF16: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
-    """``out[m, j] = silu(x[m, j]) * (x[m, N + j] * scale[m])`` (scale 1 without ``HAS_SCALE``).
+    """``out[m, j] = silu(x[m, j]) * x[m, N + j] * scale[m]`` (scale 1 without ``HAS_SCALE``).
 
     ``SILU_BF16`` rounds silu(g) to bf16 before the product: never set by the shipped launcher
     (only by the per-M baseline).  ``INTERPRETED`` (the cpu lane) converts bf16 exactly and
@@ -61,10 +72,19 @@ def swiglu_kernel(
             silu = exact_fp32(fp32_to_bf16_rne(silu))
         else:
             silu = silu.to(tl.bfloat16).to(tl.float32)
+    # sign of the exact product; lost: no exact factor is NaN, zero or silu(-inf) = NaN
+    neg = (g < 0) != (u < 0)
+    lost = (g == g) & (g != 0) & (g != NEG_INF) & (u == u) & (u != 0)
     if HAS_SCALE:
-        s = tl.load(scale_ptr + row_off * stride_s)
-        u = u * s[:, None]
-    out = silu * u
+        s = tl.load(scale_ptr + row_off * stride_s)[:, None]
+        small = tl.abs(s) <= 1.0  # NaN: False (either order gives NaN)
+        out = tl.where(small, silu * (u * s), (silu * u) * s)
+        neg = neg != (s < 0)
+        lost = lost & (s == s) & (s != 0)
+    else:
+        out = silu * u
+    # 0 * inf from a flushed or underflowed zero: the exact value is the signed infinity
+    out = tl.where((out != out) & lost, tl.where(neg, NEG_INF, POS_INF), out)
     o_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols.to(tl.int64)[None, :] * stride_on
     if INTERPRETED and out_ptr.dtype.element_ty == tl.bfloat16:
         tl.store(o_ptrs, fp32_to_bf16_rne(out), mask=mask)

@@ -1,13 +1,16 @@
 """Registry entry ``swiglu``: the MoE expert's activation ``silu(gate) * (up * scale)``.
 
 Axes of a case: ``dtype`` (bf16 / fp16), ``inter`` (I), ``rows`` (M), ``scale`` (none, weights:
-routing weights in (0, 1], or specials: weights with 0, NaN, subnormal and 1 injected),
-``values`` (normal: N(0, 2^2) gate and N(0, 1) up; specials: the dtype's bit-pattern catalogue
-injected sparsely into both halves, plus structured rows of large |g| (+-20, +-90, +-100,
-+-1e4, +-max: where exp(|g|) overflows fp32 and exp(-|g|) underflows), of huge up values whose
-product overflows, of subnormal gates, and of -0 / +0 gates).  Cases keep +-inf out of ``up``
-where a gate of the same element is below -87 (a documented departure of the fp32 sequence:
-see :func:`batchinv.fast.swiglu.swiglu`); elsewhere every pattern appears.
+routing weights in (0, 1], routed: weights times DeepSeek-V3's routed scaling factor 2.5, or
+specials: weights with 0, NaN, subnormal, 1, -0, +inf, 2.5 and 0.5 injected), ``values``
+(normal: N(0, 2^2) gate and N(0, 1) up; specials: the dtype's bit-pattern catalogue injected
+sparsely into both halves, plus structured rows: large |g| (+-20, +-90, +-100, +-1e4, +-max:
+where exp(|g|) overflows fp32 and exp(-|g|) underflows), subnormal and -0 / +0 gates, huge up
+values (0.9 max) whose product overflows or, on the rows of scale 2.5 and 0.5, whose ``u * s``
+or ``silu * u`` overflows fp32 where the exact product is finite, and gates below -87 (fp32
+exp underflows) and -745 (fp64 exp underflows) paired with infinite up values, with a scale
+of +inf, and silu(+inf) with subnormal up values times a subnormal scale).  No pattern is left
+out.
 """
 
 from __future__ import annotations
@@ -51,22 +54,30 @@ OUT: dict[torch.dtype, tuple[float, float, int, int]] = {
 }
 
 
-def _parts(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+def _parts(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """(g, v = u s, silu64(g), |s| per row as a column (1 without a scale), has_scale), fp64."""
     x = batch.rows["gate_up"].to(torch.float64)
     i = x.shape[1] // 2
     g, v = x[:, :i], x[:, i:]
     scale = batch.rows.get("scale")
+    s_abs = torch.ones((x.shape[0], 1), dtype=torch.float64, device=x.device)
     if scale is not None:
-        v = v * scale.to(x.device, torch.float64)[:, None]
-    return g, v, reference.silu64(g), scale is not None
+        s64 = scale.to(x.device, torch.float64)[:, None]
+        v = v * s64
+        s_abs = s64.abs()
+    return g, v, reference.silu64(g), s_abs, scale is not None
 
 
 def fp32_error(batch: Batch, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(relative, absolute) error of the kernel's fp32 value before the final rounding.
 
     The kernel (fast/kernels/swiglu.py) computes, in fp32 from exact fp32 inputs g, u, s:
-    ``e = exp(-|g|)``, ``num = g * e`` (g < 0) or g, ``d = 1 + e``, ``silu = num / d``,
-    ``v = u * s`` (with a scale), ``y = silu * v``; the output is ``fl_out(y)``.
+    ``e = exp(-|g|)``, ``num = g * e`` (g < 0) or g, ``d = 1 + e``, ``silu = num / d``, then
+    ``y = silu * (u * s)`` for |s| <= 1 or ``y = (silu * u) * s`` for |s| > 1 (``y = silu * u``
+    without a scale); the output is ``fl_out(y)``.  Write v = u s (exact).  Neither product
+    order overflows unless the exact |y| is past the output range (the reference is then
+    infinite too); a NaN of ``0 * inf`` with no zero exact factor is replaced by the exact
+    signed infinity, so infinities agree exactly and the errors below concern finite values.
 
     * e: tl.exp is ``ex2.approx(x * log2e)`` on GPUs: the product x * fl(log2 e) errs by at most
       2^-23 + 2^-48 relatively (two roundings), i.e. a factor exp(|g| (2^-23 + 2^-48)) on e,
@@ -79,16 +90,19 @@ def fp32_error(batch: Batch, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
       (no cancellation: both terms are >= 0).
     * silu = num / d: (1 + 2^-22) (div.full.f32 is 2 ULP; the interpreter divides correctly),
       plus 2^-150 absolute if it underflows.
-    * v = u s: (1 + u), plus 2^-150 absolute; without a scale v = u exactly.
-    * y = silu v: (1 + u), plus 2^-150 absolute.
+    * the two products (one without a scale), each (1 + u) plus 2^-150 absolute: for |s| <= 1,
+      ``u s`` then ``silu (u s)``, whose absolute errors reach y times |silu| and 1; for |s| > 1,
+      ``silu u`` then ``(silu u) s``, times |s| and 1.  silu's absolute error reaches y times
+      |u s| = |v| in either order.
 
     Hence y = silu(g) v (1 + r) + a with
     ``1 + r <= (1 + eta)(1 + u)(1 + 2^-22)(1 + u)^(1 + has_scale) / (1 - (eta + 2^-126)(1 + u) - u)``
-    and ``|a| <= 2 (|g| min(2^-126, E) |v| + 2^-150 (|v| + |silu| + 1))`` (the factor 2 covers the later
-    relative factors, all below 2).  The fp64 reference errs by at most 8 fp64 ULPs (exp, a
-    product, an add, a division, two products), added to r.
+    and ``|a| <= 2 (|g| min(2^-126, E) |v| + 2^-150 (|v| + |silu| + |s| + 1))`` (s = 1 without a
+    scale; the factor 2 covers the later relative factors, all below 2).  The fp64 reference
+    errs by at most 8 fp64 ULPs (exp, a product, an add, a division, two products), added to r,
+    plus an absolute 2^-1074 |g| |v| where its exp(-|g|) is subnormal (below 2^-790: nil here).
     """
-    g, v, silu, has_scale = _parts(batch)
+    g, v, silu, s_abs, has_scale = _parts(batch)
     # Past |g| = 104, E = exp(-|g|) < 2^-150: e is 0 or flushed, an absolute error counted below.
     mag = torch.nan_to_num(g.abs(), nan=0.0).clamp(max=104.0)
     eta = (1.0 + EXP_ULP) * torch.exp(mag * (2.0**-23 + 2.0**-48)) - 1.0
@@ -98,7 +112,7 @@ def fp32_error(batch: Batch, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     ) - 1.0
     rel = rel + 8 * U64
     flushed = torch.minimum(torch.full_like(g, FTZ), torch.exp(-g.abs()) + 2.0**-1074)  # e's abs error
-    absolute = 2.0 * (g.abs() * flushed * v.abs() + UNDER * (v.abs() + silu.abs() + 1.0))
+    absolute = 2.0 * (g.abs() * flushed * v.abs() + UNDER * (v.abs() + silu.abs() + s_abs + 1.0))
     return rel, torch.nan_to_num(absolute, nan=0.0, posinf=math.inf)
 
 
@@ -140,7 +154,7 @@ def cases(lane: Lane) -> list[Case]:
             ("bf16", 96, 65, "weights", "normal"),
             ("bf16", 64, 40, "specials", "specials"),
             ("fp16", 96, 33, "none", "specials"),
-            ("fp16", 64, 17, "weights", "normal"),
+            ("fp16", 64, 17, "routed", "normal"),
             ("bf16", 96, 2, "none", "specials"),
         ]
     else:
@@ -154,6 +168,42 @@ def cases(lane: Lane) -> list[Case]:
 
 
 LARGE_GATES = (20.0, 90.0, 100.0, 1e4)
+#: DeepSeek-V3's routed_scaling_factor: a routing weight times it exceeds 1.
+ROUTED_SCALE = 2.5
+#: Gates of the huge-up rows: |silu(g)| < 0.44 (the exact product times 2.5 stays finite, bf16)
+#: for the first six, 1.23 and 1.76 for the last two (``silu * u`` overflows fp32, times 0.5 not).
+HUGE_UP_GATES = (-4.0, -1.0, -0.25, 0.1, 0.25, 0.4, 1.5, 2.0)
+#: Gates whose fp32 exp(-|g|) underflows (below -87), the last three fp64's too (below -745).
+FLUSHED_GATES = (-90.0, -100.0, -104.0, -800.0, -1e4, -1e30)
+#: Rows of the structured cases: (row, scale of that row in the "specials" scale).
+HUGE_UP_ROWS = ((2, ROUTED_SCALE), (4, 0.5))
+INF_SCALE_ROW, INF_UP_ROW, SUBNORMAL_SCALE_ROW = 8, 7, 11
+
+
+def _structured(gate: torch.Tensor, up: torch.Tensor, dtype: torch.dtype) -> None:
+    """The special rows of ``values="specials"`` (in place; rows past M are left out)."""
+    m, i = gate.shape
+    top = torch.finfo(dtype).max
+    tiny = 1e-40 if dtype == torch.bfloat16 else 1e-7  # a subnormal of the dtype
+    if m > 2:  # huge up values: products past the output range (finite gates)
+        up[2, : min(i, 8)] = top * 0.9
+    for r, _ in HUGE_UP_ROWS:  # u s (old order, s = 2.5) or silu u (s = 0.5) past fp32's max
+        if r < m and i > 8:
+            n = min(i - 8, 2 * len(HUGE_UP_GATES))
+            gate[r, 8 : 8 + n] = torch.tensor(HUGE_UP_GATES * 2)[:n]
+            up[r, 8 : 8 + n] = torch.tensor([top * 0.9, -top * 0.9]).repeat(len(HUGE_UP_GATES))[:n]
+            gate[r, 8 + n - 1] = FLUSHED_GATES[1]  # flushed silu times a huge u s: finite
+    flushed = torch.tensor([*FLUSHED_GATES, 1.5, 0.0, -0.0, -math.inf, math.inf])
+    signs = torch.tensor([1.0, -1.0]).repeat(flushed.numel())[: flushed.numel()]
+    n = min(i, flushed.numel())
+    if INF_UP_ROW < m:  # g < -87 (and < -745) times +-inf: the exact limit +-inf; 0 * inf NaN
+        gate[INF_UP_ROW, :n], up[INF_UP_ROW, :n] = flushed[:n], (math.inf * signs)[:n]
+    if INF_SCALE_ROW < m:  # the same gates times finite up values and (specials) a scale of +inf
+        gate[INF_SCALE_ROW, :n], up[INF_SCALE_ROW, :n] = flushed[:n], (3.0 * signs)[:n]
+    if SUBNORMAL_SCALE_ROW < m:  # silu(+inf) times subnormal u (times a subnormal scale: u s underflows)
+        k = min(i, 4)
+        gate[SUBNORMAL_SCALE_ROW, :k] = math.inf
+        up[SUBNORMAL_SCALE_ROW, :k] = torch.tensor([tiny, -tiny, 0.0, 1.0])[:k]
 
 
 def build(case: Case, device: torch.device) -> Batch:
@@ -175,14 +225,18 @@ def build(case: Case, device: torch.device) -> Batch:
                 gate[3 * r % m, :n] = row[:n]
         gate = inject(gate.to(dtype), catalogue(dtype), 0.02, gen).float()
         up = inject(up.to(dtype), catalogue(dtype), 0.02, gen).float()
-        if m > 2:  # huge up values: products past the output range (finite gates)
-            up[2, : min(i, 8)] = top * 0.9
-        up = torch.where((gate < -87) & torch.isinf(up), torch.ones_like(up), up)  # the departure
+        _structured(gate, up, dtype)
     gate_up = torch.cat([gate, up], dim=1).to(dtype)
     rows: dict[str, torch.Tensor] = {"gate_up": gate_up.to(device)}
     if a["scale"] != "none":
         scale = torch.rand(m, generator=gen) * 0.9 + 0.1
+        if a["scale"] == "routed":
+            scale = scale * ROUTED_SCALE
         if a["scale"] == "specials":
+            fixed = (*HUGE_UP_ROWS, (INF_SCALE_ROW, math.inf), (SUBNORMAL_SCALE_ROW, 1e-40))
+            for r, v in fixed:
+                if r < m:
+                    scale[r] = v
             for r, v in enumerate((0.0, math.nan, 1e-40, 1.0, -0.0)):
                 if r < m:
                     scale[(5 * r + 1) % m] = v
@@ -217,7 +271,7 @@ def _strategy(lane: Lane, device: torch.device) -> Any:
         st.sampled_from(sorted(DTYPES)),
         st.integers(1, 80),
         st.integers(1, 24),
-        st.sampled_from(["none", "weights", "specials"]),
+        st.sampled_from(["none", "weights", "routed", "specials"]),
         st.sampled_from(["normal", "specials"]),
         st.integers(0, 2**31 - 1),
     )

@@ -239,6 +239,34 @@ def swiglu_silu_rounded_to_bf16() -> Callable[..., Any]:
     return with_kernel(swiglu_kernels, "swiglu_kernel", kernel, swiglu_launcher.swiglu)
 
 
+_SWIGLU_ORDER = "out = tl.where(small, silu * (u * s), (silu * u) * s)"
+
+
+def swiglu_scale_first() -> Callable[..., Any]:
+    """``silu * (u * s)`` for every scale (the order before review item 2): u s overflows fp32
+    for s > 1 and |u| near the maximum where the exact product is finite."""
+    kernel = mutate(swiglu_kernels, "swiglu_kernel", _SWIGLU_ORDER, "out = silu * (u * s)")
+    return with_kernel(swiglu_kernels, "swiglu_kernel", kernel, swiglu_launcher.swiglu)
+
+
+def swiglu_scale_last() -> Callable[..., Any]:
+    """``(silu * u) * s`` for every scale: silu u overflows fp32 for s < 1 where the exact
+    product is finite (the reorder without the branch on |s|)."""
+    kernel = mutate(swiglu_kernels, "swiglu_kernel", _SWIGLU_ORDER, "out = (silu * u) * s")
+    return with_kernel(swiglu_kernels, "swiglu_kernel", kernel, swiglu_launcher.swiglu)
+
+
+def swiglu_no_infinite_limit() -> Callable[..., Any]:
+    """The signed-infinity repair dropped: a flushed silu (g < -87) times an infinite u is NaN."""
+    kernel = mutate(
+        swiglu_kernels,
+        "swiglu_kernel",
+        "out = tl.where((out != out) & lost, tl.where(neg, NEG_INF, POS_INF), out)",
+        "out = out",
+    )
+    return with_kernel(swiglu_kernels, "swiglu_kernel", kernel, swiglu_launcher.swiglu)
+
+
 # --- moe_router -------------------------------------------------------------------------------
 
 
