@@ -85,7 +85,13 @@ def test_block_k_never_keyed_on_tokens_expert_m_or_block_m():
     params = list(inspect.signature(select_config).parameters)
     assert params == ["arch_key", "dtype", "block_m", "n", "k"]
     assert {"m", "t", "num_tokens"}.isdisjoint(params)
-    assert {f.name for f in dataclasses.fields(BLOCK_K_RULES[0])} == {"arch", "max_n", "max_k", "block_k", "why"}
+    assert {f.name for f in dataclasses.fields(BLOCK_K_RULES[0])} == {
+        "arch",
+        "max_n",
+        "max_k",
+        "block_k",
+        "why",
+    }
     for arch_key, tiles in TILES.items():
         for n, k in ((1536, 2048), (2048, 768), (4096, 7168), (28672, 4096), (4096, 14336), (64, 100)):
             block_ks = {select_config(arch_key, torch.bfloat16, bm, n, k).block_k for bm in tiles}
