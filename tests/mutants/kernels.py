@@ -243,20 +243,7 @@ def swiglu_silu_rounded_to_bf16() -> Callable[..., Any]:
 
 
 def _moe_router_subject(kernel: Any) -> Callable[..., Any]:
-    def moe_router(
-        logits: Any,
-        top_k: Any,
-        scoring: Any = "softmax",
-        renormalize: Any = False,
-        correction_bias: Any = None,
-        n_group: Any = 1,
-        topk_group: Any = 1,
-    ) -> Any:
-        return moe_router_launcher.launch(
-            kernel, logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group
-        )
-
-    return moe_router
+    return with_kernel(moe_router_launcher, "moe_router_kernel", kernel, moe_router_launcher.moe_router)
 
 
 def moe_router_ties_to_higher_id() -> Callable[..., Any]:
