@@ -16,7 +16,7 @@ import triton
 
 from batchinv.fast.device import arch, check_launch_device, interpreter_quiet, kernel_operand
 from batchinv.fast.kernels.moe_router import moe_router_kernel
-from batchinv.reference.moe_router import check_router_arguments
+from batchinv.reference.moe_router import Routing
 
 __all__ = ["CONFIGS", "launch", "moe_router", "select_num_warps"]
 
@@ -72,37 +72,33 @@ def moe_router(
 
     Returns:
         ``topk_weights`` float32 ``[T, k]``, ``topk_ids`` int32 ``[T, k]`` (slot 0 the best).
-        The ids equal the reference's bitwise; the weights are within the derived bound of the
-        harness entry (fp64 exp and the denominator's summation order differ by fp64 ULPs from
-        the reference's; see docs/MOE.md).  Bitwise invariant along the token axis: a token's
+        The ids equal the reference's bitwise; the weights equal the reference rounded once
+        to fp32, except within fp64 ULPs of a rounding midpoint where either fp32 neighbour may
+        come out (fp64 exp and the denominator's summation order differ by fp64 ULPs from the
+        reference's; see docs/MOE.md).  Bitwise invariant along the token axis: a token's
         outputs depend on its logits alone, not on T, its position, neighbours or earlier calls.
 
     Raises:
         DTypeError, ArgumentError, DeviceError: see
-        :func:`batchinv.reference.moe_router.check_router_arguments`; DeviceError also for a
+        :meth:`batchinv.reference.moe_router.Routing.for_logits`; DeviceError also for a
         non-CUDA tensor on the GPU path.
     """
-    return launch(
-        moe_router_kernel, logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group
-    )
+    routing = Routing(top_k, scoring, renormalize, correction_bias, n_group, topk_group)
+    return launch(moe_router_kernel, logits, routing.for_logits(logits))
 
 
 def launch(
     kernel: Any,
     logits: torch.Tensor,
-    top_k: Any,
-    scoring: Any,
-    renormalize: Any,
-    correction_bias: Any,
-    n_group: Any,
-    topk_group: Any,
+    routing: Routing,
     *,
     transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate, then launch ``kernel`` (the shipped one or a mutant sharing its signature)."""
-    top_k, n_group, topk_group = check_router_arguments(
-        logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group
-    )
+    """Launch ``kernel`` (the shipped one or a mutant sharing its signature) on ``logits`` with
+    a ``routing`` validated against them (:meth:`Routing.for_logits`); ``transform`` rewrites
+    the kernel's logits operand (a baseline's dispatch)."""
+    top_k, correction_bias = routing.top_k, routing.correction_bias
+    n_group, topk_group = routing.n_group, routing.topk_group
     check_launch_device("logits", logits)
     if correction_bias is not None:
         check_launch_device("correction_bias", correction_bias)
@@ -119,7 +115,6 @@ def launch(
     group_size = num_experts // n_group
     block_g = triton.next_power_of_2(n_group)
     block_s = triton.next_power_of_2(group_size)
-    grouped = n_group > 1 and topk_group < n_group
     with interpreter_quiet():
         kernel[(num_tokens,)](
             logits,
@@ -140,11 +135,11 @@ def launch(
             BLOCK_G=block_g,
             BLOCK_S=block_s,
             BLOCK_E=block_g * block_s,
-            SIGMOID=scoring == "sigmoid",
+            SIGMOID=routing.scoring == "sigmoid",
             HAS_BIAS=correction_bias is not None,
-            GROUPED=grouped,
+            GROUPED=routing.grouped,
             IS_PAIR=group_size >= 2,
-            RENORMALIZE=renormalize,
+            RENORMALIZE=routing.renormalize,
             num_warps=select_num_warps(arch(device), block_g * block_s),
         )
     return weights, ids

@@ -18,7 +18,7 @@ import torch
 
 from batchinv.fast.kernels.moe_router import moe_router_kernel
 from batchinv.fast.moe_router import launch
-from batchinv.reference.moe_router import check_router_arguments
+from batchinv.reference.moe_router import Routing
 
 __all__ = ["BF16_MIN_TOKENS", "bf16_large_batch_router", "torch_topk_router"]
 
@@ -41,25 +41,25 @@ def torch_topk_router(
     Raises:
         DTypeError, ArgumentError, DeviceError: as :func:`batchinv.fast.moe_router.moe_router`.
     """
-    top_k, n_group, topk_group = check_router_arguments(
-        logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group
-    )
+    routing = Routing(top_k, scoring, renormalize, correction_bias, n_group, topk_group).for_logits(logits)
     num_tokens, num_experts = logits.shape
-    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)  # [T, E]
-    choice = scores + correction_bias[None, :] if correction_bias is not None else scores
-    if n_group > 1 and topk_group < n_group:
-        grouped = choice.view(num_tokens, n_group, -1)
+    softmax = routing.scoring == "softmax"
+    scores = torch.softmax(logits, dim=-1) if softmax else torch.sigmoid(logits)  # [T, E]
+    bias = routing.correction_bias
+    choice = scores + bias[None, :] if bias is not None else scores
+    if routing.grouped:
+        grouped = choice.view(num_tokens, routing.n_group, -1)
         if grouped.shape[2] >= 2:
             group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, G]
         else:
             group_scores = grouped[:, :, 0]
-        group_idx = torch.topk(group_scores, topk_group, dim=-1).indices  # [T, topk_group]
+        group_idx = torch.topk(group_scores, routing.topk_group, dim=-1).indices  # [T, topk_group]
         mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1.0)
         keep = mask[:, :, None].expand_as(grouped).reshape(num_tokens, num_experts)
         choice = choice.masked_fill(keep == 0, float("-inf"))
-    ids = torch.topk(choice, top_k, dim=-1).indices  # [T, k]
+    ids = torch.topk(choice, routing.top_k, dim=-1).indices  # [T, k]
     weights = scores.gather(1, ids)
-    if renormalize:
+    if routing.renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights.to(torch.float32), ids.to(torch.int32)
 
@@ -84,14 +84,5 @@ def bf16_large_batch_router(
     def to_bf16(x: torch.Tensor) -> torch.Tensor:
         return x.to(torch.bfloat16).to(torch.float32) if x.shape[0] > BF16_MIN_TOKENS else x
 
-    return launch(
-        moe_router_kernel,
-        logits,
-        top_k,
-        scoring,
-        renormalize,
-        correction_bias,
-        n_group,
-        topk_group,
-        transform=to_bf16,
-    )
+    routing = Routing(top_k, scoring, renormalize, correction_bias, n_group, topk_group)
+    return launch(moe_router_kernel, logits, routing.for_logits(logits), transform=to_bf16)

@@ -20,18 +20,20 @@ from typing import Any
 import torch
 
 from batchinv.reference.errors import ArgumentError, DTypeError, check_same_device, check_tensor
-from batchinv.reference.moe_router import check_router_arguments
-from batchinv.reference.moe_router import moe_router as ref_router
+from batchinv.reference.moe_router import Routing, route
 from batchinv.reference.swiglu import silu64
 
 
 @dataclass(frozen=True)
 class FusedMoeArgs:
+    """The layer's validated sizes (T, H, E, I, k) and its validated :class:`Routing`."""
+
     t: int
     h: int
     e: int
     i: int
     k: int
+    routing: Routing
 
 
 def check_fused_moe_args(
@@ -51,7 +53,7 @@ def check_fused_moe_args(
 
     Raises:
         DTypeError: a tensor that is not bf16 (``correction_bias``: fp32), a flag not a bool;
-            the router's integral arguments (see ``check_router_arguments``).
+            the router's arguments (see ``Routing.validate``).
         ArgumentError: ``hidden`` not ``[T, H]``; ``router_weight`` not ``[E, H]``; ``w13`` not
             ``[E, 2 I, H]`` (an odd row count does not split into gate and up); ``w2`` not
             ``[E, H, I]``; ``top_k`` outside ``[1, E]``; the router's other conditions.
@@ -78,11 +80,9 @@ def check_fused_moe_args(
         raise ArgumentError("w2", f"[E = {e}, H = {h}, I = {i}]", tuple(w2.shape))
     for name, tensor in (("router_weight", router_weight), ("w13", w13), ("w2", w2)):
         check_same_device(name, tensor, hidden.device)
-    probe = torch.empty((0, e), dtype=torch.float32, device=hidden.device)
-    top_k, _, _ = check_router_arguments(
-        probe, top_k, scoring, renormalize, correction_bias, n_group, topk_group
-    )
-    return FusedMoeArgs(t, h, e, i, top_k)
+    routing = Routing(top_k, scoring, renormalize, correction_bias, n_group, topk_group)
+    routing = routing.validate(e, hidden.device)
+    return FusedMoeArgs(t, h, e, i, routing.top_k, routing)
 
 
 def router_logits(hidden: torch.Tensor, router_weight: torch.Tensor) -> torch.Tensor:
@@ -125,9 +125,7 @@ def expert_terms(
         hidden, router_weight, w13, w2, top_k, scoring, renormalize, correction_bias, n_group, topk_group,
         apply_router_weight_on_input,
     )  # fmt: skip
-    weights, ids = ref_router(
-        router_logits(hidden, router_weight), a.k, scoring, renormalize, correction_bias, n_group, topk_group
-    )  # [T, k] fp64, int32
+    weights, ids = route(router_logits(hidden, router_weight), a.routing)  # [T, k] fp64, int32
     x = hidden.to(torch.float64)  # [T, H]
     gate_up = torch.zeros(a.t, a.k, 2 * a.i, dtype=torch.float64, device=hidden.device)
     down = torch.zeros(a.t, a.k, a.h, dtype=torch.float64, device=hidden.device)

@@ -34,6 +34,7 @@ weights (the ids are still defined by the keys).
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -44,9 +45,10 @@ from batchinv.reference.topk import monotone_key
 __all__ = [
     "CANONICAL_NAN_BITS",
     "SCORINGS",
-    "check_router_arguments",
+    "Routing",
     "group_keys",
     "moe_router",
+    "route",
     "selection_keys",
     "selection_values",
     "value_of_key",
@@ -69,55 +71,85 @@ def _integral(name: str, value: Any) -> int:
         raise DTypeError(name, expected, type(value).__name__) from None
 
 
-def check_router_arguments(
-    logits: Any,
-    top_k: Any,
-    scoring: Any,
-    renormalize: Any,
-    correction_bias: Any,
-    n_group: Any,
-    topk_group: Any,
-) -> tuple[int, int, int]:
-    """Validate the arguments of :func:`moe_router` (shared with the fast path).
+@dataclass(frozen=True)
+class Routing:
+    """The routing choice of :func:`moe_router` (and of the MoE layer), validated in one place.
 
-    Returns:
-        ``(top_k, n_group, topk_group)`` as Python ints.
+    The public functions keep their keyword arguments; each builds one ``Routing`` from them and
+    calls :meth:`validate` (or :meth:`for_logits`) once, then passes the validated object on.
 
-    Raises:
-        DTypeError: ``logits`` not a float32 tensor, ``correction_bias`` not float32, an integral
-            argument that is not one (or a bool), ``renormalize`` not a bool.
-        ArgumentError: ``logits`` not 2-D; ``scoring`` not "softmax" or "sigmoid";
-            ``top_k < 1`` or ``top_k > E``; ``n_group < 1`` or not dividing E; ``topk_group``
-            outside ``[1, n_group]``; ``top_k`` more than the kept groups hold
-            (``topk_group * E / n_group``); ``correction_bias`` not ``[E]`` or given with softmax.
-        DeviceError: ``correction_bias`` on another device; a tensor on the meta device.
+    Attributes:
+        top_k: experts per token, in ``[1, E]`` and at most ``topk_group * E / n_group``.
+        scoring: "softmax" or "sigmoid".
+        renormalize: divide the chosen scores by their slot-order sum.
+        correction_bias: float32 ``[E]`` (sigmoid only) or None.
+        n_group, topk_group: grouped top-k (1, 1: plain top-k).
     """
-    check_tensor("logits", logits, dtypes=(torch.float32,), ndim=2)
-    num_experts = logits.shape[1]
-    if not isinstance(scoring, str) or scoring not in SCORINGS:
-        raise ArgumentError("scoring", "'softmax' or 'sigmoid'", scoring)
-    if not isinstance(renormalize, bool):
-        raise DTypeError("renormalize", "a bool", type(renormalize).__name__)
-    top_k = _integral("top_k", top_k)
-    if top_k < 1 or top_k > num_experts:
-        raise ArgumentError("top_k", f"an int in [1, E = {num_experts}]", top_k)
-    n_group = _integral("n_group", n_group)
-    if n_group < 1 or num_experts % n_group:
-        raise ArgumentError("n_group", f"an int >= 1 dividing E = {num_experts}", n_group)
-    topk_group = _integral("topk_group", topk_group)
-    if topk_group < 1 or topk_group > n_group:
-        raise ArgumentError("topk_group", f"an int in [1, n_group = {n_group}]", topk_group)
-    kept = topk_group * (num_experts // n_group)
-    if top_k > kept:
-        raise ArgumentError("top_k", f"at most topk_group * E / n_group = {kept} (the kept experts)", top_k)
-    if correction_bias is not None:
-        if scoring != "sigmoid":
-            raise ArgumentError("correction_bias", "None with scoring='softmax'", "a tensor")
-        check_tensor("correction_bias", correction_bias, dtypes=(torch.float32,), ndim=1)
-        if correction_bias.shape[0] != num_experts:
-            raise ArgumentError("correction_bias", f"length E = {num_experts}", correction_bias.shape[0])
-        check_same_device("correction_bias", correction_bias, logits.device)
-    return top_k, n_group, topk_group
+
+    top_k: int
+    scoring: str = "softmax"
+    renormalize: bool = False
+    correction_bias: torch.Tensor | None = None
+    n_group: int = 1
+    topk_group: int = 1
+
+    @property
+    def grouped(self) -> bool:
+        """Whether groups are dropped before the selection (``n_group > 1`` and some not kept)."""
+        return self.n_group > 1 and self.topk_group < self.n_group
+
+    def validate(self, num_experts: int, device: torch.device | None = None) -> Routing:
+        """This choice checked against ``num_experts`` (and the logits' ``device`` when given),
+        with its integral fields as Python ints.
+
+        Raises:
+            DTypeError: an integral field that is not one (or a bool), ``renormalize`` not a
+                bool, ``correction_bias`` not float32.
+            ArgumentError: ``scoring`` not "softmax" or "sigmoid"; ``top_k < 1`` or ``top_k >
+                E``; ``n_group < 1`` or not dividing E; ``topk_group`` outside ``[1, n_group]``;
+                ``top_k`` more than the kept groups hold (``topk_group * E / n_group``);
+                ``correction_bias`` not ``[E]`` or given with softmax.
+            DeviceError: ``correction_bias`` on another device than ``device``, or on meta.
+        """
+        if not isinstance(self.scoring, str) or self.scoring not in SCORINGS:
+            raise ArgumentError("scoring", "'softmax' or 'sigmoid'", self.scoring)
+        if not isinstance(self.renormalize, bool):
+            raise DTypeError("renormalize", "a bool", type(self.renormalize).__name__)
+        top_k = _integral("top_k", self.top_k)
+        if top_k < 1 or top_k > num_experts:
+            raise ArgumentError("top_k", f"an int in [1, E = {num_experts}]", top_k)
+        n_group = _integral("n_group", self.n_group)
+        if n_group < 1 or num_experts % n_group:
+            raise ArgumentError("n_group", f"an int >= 1 dividing E = {num_experts}", n_group)
+        topk_group = _integral("topk_group", self.topk_group)
+        if topk_group < 1 or topk_group > n_group:
+            raise ArgumentError("topk_group", f"an int in [1, n_group = {n_group}]", topk_group)
+        kept = topk_group * (num_experts // n_group)
+        if top_k > kept:
+            raise ArgumentError(
+                "top_k", f"at most topk_group * E / n_group = {kept} (the kept experts)", top_k
+            )
+        bias = self.correction_bias
+        if bias is not None:
+            if self.scoring != "sigmoid":
+                raise ArgumentError("correction_bias", "None with scoring='softmax'", "a tensor")
+            check_tensor("correction_bias", bias, dtypes=(torch.float32,), ndim=1)
+            if bias.shape[0] != num_experts:
+                raise ArgumentError("correction_bias", f"length E = {num_experts}", bias.shape[0])
+            if device is not None:
+                check_same_device("correction_bias", bias, device)
+        return replace(self, top_k=top_k, n_group=n_group, topk_group=topk_group)
+
+    def for_logits(self, logits: Any) -> Routing:
+        """Check ``logits`` (float32 ``[T, E]``), then :meth:`validate` against its E and device.
+
+        Raises:
+            DTypeError: ``logits`` not a float32 tensor; see :meth:`validate`.
+            ArgumentError: ``logits`` not 2-D; see :meth:`validate`.
+            DeviceError: ``logits`` on the meta device; see :meth:`validate`.
+        """
+        check_tensor("logits", logits, dtypes=(torch.float32,), ndim=2)
+        return self.validate(logits.shape[1], logits.device)
 
 
 def _canonical_nan(v: torch.Tensor) -> torch.Tensor:
@@ -198,20 +230,25 @@ def moe_router(
         rounded once to fp32.  A token's outputs depend on its own logits only (row-wise).
 
     Raises:
-        DTypeError, ArgumentError, DeviceError: see :func:`check_router_arguments`.
+        DTypeError, ArgumentError, DeviceError: see :meth:`Routing.for_logits`.
 
     Source:
         docs/MOE.md section 1; keys as :mod:`batchinv.reference.topk`; grouped top-k as
         DeepSeek-V3 (group score = sum of the top-2 biased sigmoid scores).
     """
-    top_k, n_group, topk_group = check_router_arguments(
-        logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group
-    )
+    routing = Routing(top_k, scoring, renormalize, correction_bias, n_group, topk_group)
+    return route(logits, routing.for_logits(logits))
+
+
+def route(logits: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`moe_router` on a ``routing`` already validated against ``logits`` (no checks)."""
+    top_k, scoring, correction_bias = routing.top_k, routing.scoring, routing.correction_bias
+    n_group, topk_group = routing.n_group, routing.topk_group
     num_tokens, num_experts = logits.shape
     device = logits.device
     key = selection_keys(logits, scoring, correction_bias)  # [T, E] int32
     eligible = torch.ones(num_tokens, num_experts, dtype=torch.bool, device=device)
-    if n_group > 1 and topk_group < n_group and num_tokens:
+    if routing.grouped and num_tokens:
         gkey = group_keys(key, n_group)  # [T, G]
         order = torch.sort(gkey, dim=1, descending=True, stable=True).indices  # [T, G]
         kept = torch.zeros(num_tokens, n_group, dtype=torch.bool, device=device)
@@ -229,7 +266,7 @@ def moe_router(
         p = torch.exp(chosen - m) / total  # [T, k]
     else:
         p = sigmoid64(chosen)
-    if renormalize:
+    if routing.renormalize:
         denom = p[:, 0]
         for j in range(1, top_k):
             denom = denom + p[:, j]

@@ -7,12 +7,13 @@ raw bits (:mod:`batchinv.harness.bitpatterns`).  Layouts: contiguous, or ``strid
 are every other column of a NaN-filled buffer: the kernel must read only its lanes).
 
 Agreement: the ids are exact (a bound of 0: integer selection on the same fp32 keys); the
-weights are toleranced with a derived bound (one fp32 rounding plus fp64 slack), see
-:func:`weights_bound` and docs/MOE.md.
+weights are the reference rounded once to fp32, bitwise, except within fp64 slack of a rounding
+midpoint, where either fp32 neighbour is admitted: see :func:`weights_envelope` and docs/MOE.md.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ from batchinv.harness.registry import (
     Toleranced,
 )
 from batchinv.reference.errors import ArgumentError, DeviceError, DTypeError
+from batchinv.reference.exact import round_once
 from batchinv.reference.moe_router import moe_router as reference_moe_router
 
 NAME = "moe_router"
@@ -54,11 +56,8 @@ BIASES: tuple[str, ...] = ("none", "random", "quantized")
 
 _NEGATIVE_NANS = ("-inf", "-quiet_nan", "-signalling_nan", "all_ones_nan", "all_ones_minus_one_nan")
 
-#: fp32 unit roundoff and fp64 unit roundoff.
-U32 = 2.0**-24
+#: fp64 unit roundoff.
 U64 = 2.0**-53
-#: Half of fp32's smallest subnormal: the absolute rounding error below the normal range.
-HALF_MIN_SUBNORMAL = 2.0**-150
 
 
 def build_row(kind: str, num_experts: int, gen: torch.Generator) -> torch.Tensor:
@@ -200,25 +199,63 @@ def bench_cases(lane: Lane) -> Sequence[Case]:
     ]
 
 
-def weights_bound(batch: Batch, ref_out: Outputs) -> Outputs:
-    """Per-element bound of ``|fast - reference|``: ``(weights bound, ids bound 0)``.
+#: A score below fp64's normal range (``2^-1022``) may be off by its whole value: exp's subnormal
+#: results carry absolute, not relative, errors and sigmoid's ``exp(-x)`` may overflow to inf on
+#: one side only at its edge.  Absolute slack per score (both sides): far below fp32's 2^-150.
+SCORE_ABS = 2.0**-1021
+
+
+def weights_envelope(batch: Batch, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lo, hi)`` float64 ``[T, k]``: the fp32 values the fast weight may take (both ends in).
 
     Both sides compute the same fp64 operations in the same order except two: ``exp`` (libm,
     NumPy or libdevice, each within 1 fp64 ULP of the true value, so two of them within
     ``2^-51`` relative) and the softmax denominator's summation order over E positive terms
     (each order within ``(E - 1) u64`` of the exact sum).  A chosen score then differs by at most
     ``d = (2 E + 8) u64`` relative, a renormalized weight by ``2 d`` plus its slot sum's
-    ``k u64``: ``delta = (4 E + 2 k + 16) u64``.  The fast side rounds once to fp32 (at most
-    ``u32`` relative, or ``2^-150`` absolute below the normal range).  Bound:
-    ``|ref| (u32 (1 + delta) + delta) + 2^-150`` -- within a hair of half an fp32 ULP, so a bf16
-    rounding (``2^-9``) or a second fp32 renormalization (a few ULPs) is caught.
+    ``k u64``: ``delta = (4 E + 2 k + 16) u64``, plus ``2 u64`` for forming ``v +- s`` below.
+    Absolute: :data:`SCORE_ABS` per score; renormalized, ``(k + 2) SCORE_ABS / S`` with ``S`` the
+    reference's sum of the chosen scores (infinite where ``S < 2^-1000``: no such row in the
+    cases).  So the kernel's fp64 weight lies in ``[v - s, v + s]``, ``s = delta |v| + abs``, and
+    it is rounded once (to nearest) to fp32: rounding is monotone, so the fast weight is one of
+    the fp32 values from ``lo = fp32(v - s)`` to ``hi = fp32(v + s)``.  For these ``s`` (~2^-44
+    relative) that is ``fp32(v)`` alone, or the two fp32 neighbours of ``v`` where a rounding
+    midpoint lies within ``s`` of ``v``: never a full ULP away from the correctly rounded value.
     """
-    weights = ref_out[0]
     num_experts = batch.rows["logits"].shape[1]
     top_k = int(batch.shared["top_k"])
-    delta = (4 * num_experts + 2 * top_k + 16) * U64
-    bound = weights.abs() * (U32 * (1 + delta) + delta) + HALF_MIN_SUBNORMAL
+    delta = (4 * num_experts + 2 * top_k + 18) * U64
+    absolute = torch.full_like(weights[:, :1], SCORE_ABS)
+    if bool(batch.shared["renormalize"]):
+        scores, _ = reference_moe_router(**{**batch.kwargs(), "renormalize": False})
+        total = scores.sum(dim=1, keepdim=True)  # [T, 1]
+        big = total >= 2.0**-1000
+        absolute = torch.where(big, (top_k + 2) * SCORE_ABS / torch.where(big, total, 1.0), math.inf)
+    slack = delta * weights.abs() + absolute
+    return round_once(weights - slack, F32).double(), round_once(weights + slack, F32).double()
+
+
+def weights_bound(batch: Batch, ref_out: Outputs) -> Outputs:
+    """Per-element bound of ``|fast - reference|``: ``(weights bound, ids bound 0)``.
+
+    The weights' bound is the distance from the reference ``v`` to the farther end of
+    :func:`weights_envelope`: it admits the fp32 values of the envelope and no other (the next
+    fp32 value beyond either end is farther from ``v`` than the other end), so a weight off by
+    one ULP from the correctly rounded value fails wherever the fp64 slack cannot move the
+    rounding, at the top of a binade (where half an fp32 ULP of ``v`` is a full ULP below it)
+    as anywhere else.  A NaN reference gives a NaN bound: there only the class is compared.
+    """
+    weights = ref_out[0]
+    lo, hi = weights_envelope(batch, weights)
+    bound = torch.maximum(weights - lo, hi - weights)
     return bound, torch.zeros((), dtype=torch.float64)
+
+
+def weights_exact(batch: Batch, ref_out: Outputs) -> Outputs:
+    """Where the envelope is one fp32 value (``lo == hi``, nearly every element): there the fast
+    weight must be the reference rounded once, bitwise.  The ids are not roundable (int32)."""
+    lo, hi = weights_envelope(batch, ref_out[0])
+    return lo == hi, torch.zeros((), dtype=torch.bool)
 
 
 def error_cases(device: torch.device) -> Sequence[ErrorCase]:
@@ -332,9 +369,16 @@ COMPONENT = Component(
         justification=(
             "ids: integer selection on identical fp32 keys, bound 0 (exact); weights: fp64 scores rounded "
             "once to fp32, where exp's implementation (libm / NumPy / libdevice) and the softmax "
-            "denominator's summation order differ by fp64 ULPs: half an fp32 ULP plus (4E + 2k + 16) u64"
+            "denominator's summation order differ by fp64 ULPs ((4E + 2k + 18) u64 relative): the fast "
+            "weight is one of the fp32 values from fp32(v - s) to fp32(v + s), v the reference; the "
+            "bound is the distance to the farther of them (weights_envelope)"
         ),
         out_dtypes=lambda batch: (torch.float32, torch.int32),
+        exact=weights_exact,
+        exact_justification=(
+            "weights whose fp64 envelope [v - s, v + s] holds no fp32 rounding midpoint: the kernel's "
+            "fp64 weight rounds to fp32(v) whichever exp and summation order it used"
+        ),
     ),
     error_cases=error_cases,
     bench_cases=bench_cases,

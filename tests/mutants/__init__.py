@@ -219,6 +219,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("agreement",),
     ),
     Mutant(
+        "moe_router_weight_one_ulp_top_of_binade",
+        "moe_router",
+        kernels.moe_router_weight_one_ulp_top_of_binade,
+        "slot 0's fp32 weight one ULP up where it lies in [0.5, 1) (half an ULP of v is a full ULP "
+        "there near 1: the former bound |v| 2^-24 admitted it where v had rounded down)",
+        ("agreement",),
+    ),
+    Mutant(
+        "moe_router_weight_one_ulp_last_slot",
+        "moe_router",
+        kernels.moe_router_weight_one_ulp_last_slot,
+        "the last slot's fp32 weight one ULP up, whatever its value",
+        ("agreement",),
+        every_case=lambda case: True,
+    ),
+    Mutant(
         "grouped_gemm_dropped_partial_k_tile",
         "grouped_gemm",
         kernels.grouped_gemm_dropped_partial_k_tile,

@@ -271,20 +271,7 @@ def swiglu_no_infinite_limit() -> Callable[..., Any]:
 
 
 def _moe_router_subject(kernel: Any) -> Callable[..., Any]:
-    def moe_router(
-        logits: Any,
-        top_k: Any,
-        scoring: Any = "softmax",
-        renormalize: Any = False,
-        correction_bias: Any = None,
-        n_group: Any = 1,
-        topk_group: Any = 1,
-    ) -> Any:
-        return moe_router_launcher.launch(
-            kernel, logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group
-        )
-
-    return moe_router
+    return with_kernel(moe_router_launcher, "moe_router_kernel", kernel, moe_router_launcher.moe_router)
 
 
 def moe_router_ties_to_higher_id() -> Callable[..., Any]:
@@ -305,6 +292,31 @@ def moe_router_weights_through_bf16() -> Callable[..., Any]:
         "tl.store(weights_ptr + row * stride_weights_row + offs_k, p.to(tl.bfloat16).to(tl.float32), mask=in_k)",
     )
     return _moe_router_subject(kernel)
+
+
+_ROUTER_STORE = "tl.store(weights_ptr + row * stride_weights_row + offs_k, p.to(tl.float32), mask=in_k)"
+
+
+def _moe_router_one_ulp_up(where: str) -> Callable[..., Any]:
+    """The stored fp32 weight one ULP up (its bits plus one) on the lanes where ``where`` holds."""
+    one_up = "(p.to(tl.float32).to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True)"
+    stored = f"tl.where({where}, {one_up}, p.to(tl.float32))"
+    kernel = mutate(
+        moe_router_kernels,
+        "moe_router_kernel",
+        _ROUTER_STORE,
+        _ROUTER_STORE.replace("p.to(tl.float32),", f"{stored},"),
+    )
+    return _moe_router_subject(kernel)
+
+
+def moe_router_weight_one_ulp_top_of_binade() -> Callable[..., Any]:
+    w = "p.to(tl.float32)"
+    return _moe_router_one_ulp_up(f"(offs_k == 0) & ({w} >= 0.5) & ({w} < 1.0)")
+
+
+def moe_router_weight_one_ulp_last_slot() -> Callable[..., Any]:
+    return _moe_router_one_ulp_up("offs_k == K - 1")
 
 
 # --- moe_align --------------------------------------------------------------------------------
