@@ -18,7 +18,7 @@ step() {  # step NAME CAP CMD...
     echo "step $name: rc=$? in $((SECONDS - t0))s (cap ${cap}s)" | tee -a "$OUT/steps.txt"
 }
 for s in $STEPS; do case $s in
-  tune) step tune "${TUNE_S:-170}" $PY ci/tune_fused_moe.py ;;
+  tune) step tune "${TUNE_S:-170}" $PY ci/tune_fused_moe.py ${TUNE_ARGS:-} ;;
   bench) step bench "${BENCH_S:-200}" $PY -m batchinv.harness.cli bench fused_moe --lane "$LANE" --reps 10 --out "$OUT/bench" ;;
   pytest) step pytest "${PYTEST_S:-260}" $PY -m pytest tests/test_grouped_gemm.py tests/test_fused_moe.py tests/test_swiglu.py \
       tests/test_components.py -k "moe or grouped_gemm or swiglu" --lane "$LANE" -n 12 -q -p no:cacheprovider -rfEx ;;
