@@ -21,7 +21,7 @@ import torch
 
 from batchinv.fast import fused_moe as fast_moe
 from batchinv.fast import fused_moe_baselines as bl
-from batchinv.fast.grouped_gemm import TILES, arch_key
+from batchinv.fast.grouped_gemm import TILES, Tile, arch_key
 from batchinv.harness.bench import time_call
 from batchinv.harness.components import fused_moe as component
 
@@ -35,9 +35,16 @@ def main() -> int:
     parser.add_argument("--shapes", default="0,1,2")
     parser.add_argument("--tokens", default=",".join(map(str, component.BENCH_TOKENS)))
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument(
+        "--tile", action="append", default=[], help="BM:BN,WARPS,STAGES: try another tile for a block_m"
+    )
     args = parser.parse_args()
     device = torch.device("cuda")
     key = arch_key(device)
+    for spec in args.tile:  # a tuning experiment: the tile table of this process only
+        bm, rest = spec.split(":")
+        TILES[key][int(bm)] = Tile(*(int(v) for v in rest.split(",")))
+    print("tiles:", TILES[key], flush=True)
     shapes = [component.BENCH_SHAPES[int(i)] for i in args.shapes.split(",")]
     for e, k, h, i, scoring, g, tg in shapes:
         for t in (int(x) for x in args.tokens.split(",")):

@@ -86,16 +86,16 @@ BLOCK_K_RULES: tuple[_BlockKRule, ...] = (
 #: 64 at decode for more programs, wider tiles and 8 warps at thousands of rows).
 TILES: dict[str, dict[int, Tile]] = {
     "interp": {16: Tile(64, 4, 3), 32: Tile(32, 4, 3)},
-    "sm90": {16: Tile(64, 4, 4), 32: Tile(128, 4, 4), 64: Tile(128, 4, 3), 128: Tile(256, 8, 3)},
-    "sm100": {16: Tile(64, 4, 4), 32: Tile(128, 4, 4), 64: Tile(128, 4, 3), 128: Tile(256, 8, 3)},
+    "sm90": {16: Tile(64, 4, 5), 32: Tile(128, 4, 4), 64: Tile(128, 4, 3), 128: Tile(256, 8, 4)},
+    "sm100": {16: Tile(64, 4, 5), 32: Tile(128, 4, 4), 64: Tile(128, 4, 3), 128: Tile(256, 8, 4)},
 }
 
 #: The schedule: ``(mean rows per expert at most, block_m)``, first match wins; the mean is
 #: ``T * top_k / E``.  The interpreter always takes 16 (fewest wasted rows per program).
 SCHEDULE: dict[str, tuple[tuple[float, int], ...]] = {
     "interp": ((math.inf, 16),),
-    "sm90": ((8.0, 16), (16.0, 32), (32.0, 64), (math.inf, 128)),
-    "sm100": ((8.0, 16), (16.0, 32), (32.0, 64), (math.inf, 128)),
+    "sm90": ((0.5, 16), (16.0, 64), (math.inf, 128)),
+    "sm100": ((0.5, 16), (16.0, 64), (math.inf, 128)),
 }
 
 #: The ``block_m`` of a launch without a token count (the harness's cases and tests).
