@@ -7,12 +7,16 @@ differ by at most ``dl`` per logit (:func:`logit_movement`: the matmul's a-poste
 its summation order, rigorous, about sqrt(H) times smaller than ``gamma_H sum |x| |w_r|`` on
 random data, plus both roundings), so where two selection
 keys are that close the two routers may pick different experts and the layers would not be
-comparable.  The generator therefore **leaves near-ties out**: :func:`stable_routing` resamples a
-token until every selection cutoff (group scores at ``topk_group``, keys at ``top_k``) has a gap
-above twice the keys' possible movement.  Routing on ties and every bit pattern is covered exactly
-by the ``moe_router`` component (ids exact).  With the same experts, the weights differ by the
-router's bound plus the logits' movement (relative ``4.1 dl + 2^-22``: softmax and
-renormalization each at most double a logit's relative effect), which :func:`bound` includes.
+comparable.  Agreement cases therefore hold two kinds of cutoff (:func:`routing_cutoffs`):
+*stable* ones, whose gap (group scores at ``topk_group``, keys at ``top_k``) is above twice the
+keys' possible movement (:func:`stable_routing`; a token without is redrawn), and *exact ties*
+(``values="ties"``): experts with bitwise equal router rows and biases (:func:`tie_classes`) have
+bitwise equal logits and keys in both implementations, so a tie straddling a cutoff is broken to
+the lower id by both and agreement compares the whole layer there.  Left out of agreement: near
+but inexact ties, where the reference is not the fast layer's expectation.  With the same
+experts, the weights differ by the router's bound plus the logits' movement (relative
+``4.1 dl + 2^-22``: softmax and renormalization each at most double a logit's relative effect),
+which :func:`bound` includes.
 
 The bound (:func:`bound`) follows the fast path's roundings, each a relative ``u = 2^-8`` of its
 value: ``gate_up`` (fp32 dot over H, ``gamma_H |w13| |x|``, then bf16), swiglu (silu Lipschitz
@@ -23,11 +27,22 @@ absolute per rounding for underflow.
 
 Values (axis ``values``): ``normal``; ``cancel`` (hidden columns 0 and H-1 are +-CANCEL and
 w13's columns 0 and H-1 are equal, router_weight's zero: gate_up's fp32 partial sums are large,
-so another summation tree for the up projection -- the split-K baseline -- shows after bf16).
+so another summation tree for the up projection -- the split-K baseline -- shows after bf16);
+``ties`` (router rows (and biases) duplicated: experts 0 and ``E / n_group - 1`` of group 0,
+and with ``n_group >= 3`` grouped selection group 2 a copy of group 1; the tokens alternate
+between a group tie straddling ``topk_group`` with an expert of the kept group chosen, and an
+expert tie straddling ``top_k``; :func:`check_ties` asserts it at build).  Only router rows are
+duplicated: the tied experts' MLPs differ, so a tie broken to the higher id changes the output
+far beyond the bound (the mutants ``fused_moe_*_ties_to_higher_id``).
 
-Neighbours (co_batch / slot): ``flood`` (copies of the case's tokens with small perturbations:
-routed to the case's experts, raising their M), ``elsewhere`` (negated copies: the lowest keys,
-so other experts under softmax) and ``random``.
+Neighbours (co_batch / slot; never compared with the reference, so drawn without the stable
+redraw): ``flood`` (copies of the case's tokens with small perturbations: routed to the case's
+experts, raising their M), ``elsewhere`` (negated copies: the lowest keys, so other experts
+under softmax), ``random`` and ``near_tie`` (:func:`_near_tie_tokens`: the two keys at the
+``top_k`` cutoff closer than the keys' possible movement, i.e. within fp32 rounding of a swap).
+The checks compare the case's own tokens, so near-ties enter co_batch as other requests; a
+near-tie token as the compared target (alone, co-batched, repeated) is
+``tests/test_fused_moe.py``'s.  Not built: near-ties at the group cutoff.
 """
 
 from __future__ import annotations
@@ -102,8 +117,10 @@ def _case(
 
 def cases(lane: Lane) -> list[Case]:
     """cpu lane: E 4..8, k 2, H / I 32..64, T <= 6; every (on_input, renormalize) pair, softmax
-    and sigmoid with bias and groups; one ``cancel`` case for the unpinned baseline.  GPU lanes:
-    Qwen3-30B-A3B-, DeepSeek-V3- (grouped, bias; T reduced) and Mixtral-like shapes."""
+    and sigmoid with bias and groups; one ``cancel`` case for the unpinned baseline; one
+    grouped ``ties`` case (T 4: group and expert ties dealt alternately).  GPU lanes: Qwen3-30B-A3B-,
+    DeepSeek-V3- (grouped, bias; T reduced) and Mixtral-like shapes, ``ties`` at a Mixtral-like
+    and a smaller grouped shape (E 64: DeepSeek's E 256 makes a straddle a rare draw)."""
     if not lane.is_gpu:
         return [  # the cancel case first: the negative control stops at its first detection
             _case(4, 2, 64, 32, 3, "softmax", False, False, values="cancel", seed=4),
@@ -111,12 +128,15 @@ def cases(lane: Lane) -> list[Case]:
             _case(8, 2, 64, 32, 5, "softmax", True, True, seed=1),
             _case(8, 2, 32, 64, 4, "sigmoid", True, False, n_group=4, topk_group=2, seed=2),
             _case(8, 2, 32, 32, 4, "sigmoid", False, True, n_group=4, topk_group=2, seed=3),
+            _case(8, 2, 32, 32, 4, "sigmoid", True, False, n_group=4, topk_group=2, values="ties", seed=5),
         ]
     return [
         _case(128, 8, 2048, 768, 32, "softmax", True, False),
         _case(128, 8, 2048, 768, 16, "softmax", False, True, values="cancel", seed=1),
         _case(256, 8, 7168, 2048, 8, "sigmoid", True, False, n_group=8, topk_group=4, seed=2),
         _case(8, 2, 4096, 14336, 16, "softmax", True, True, seed=3),
+        _case(8, 2, 4096, 1024, 16, "softmax", True, True, values="ties", seed=6),
+        _case(64, 8, 1024, 256, 8, "sigmoid", True, False, n_group=8, topk_group=4, values="ties", seed=5),
     ]
 
 
@@ -145,6 +165,15 @@ def _weights(axes: dict[str, Any], device: torch.device) -> dict[str, Any]:
     bias = None
     if axes["scoring"] == "sigmoid":
         bias = (torch.randn(e, generator=gen, device=gdev) * 0.1).to(device)
+    if axes["values"] == "ties":  # exact ties (module docstring): duplicated router rows
+        size = e // int(axes["n_group"])
+        pairs = [(0, size - 1)] if size > 1 else []  # two experts of group 0
+        if int(axes["n_group"]) >= 3 and int(axes["topk_group"]) < int(axes["n_group"]):
+            pairs += [(size + j, 2 * size + j) for j in range(size)]  # group 2 := group 1
+        for a, b in pairs:
+            router_weight[b] = router_weight[a]
+            if bias is not None:
+                bias[b] = bias[a]
     return {
         "router_weight": router_weight,
         "w13": w13,
@@ -182,11 +211,67 @@ def logit_movement(hidden: torch.Tensor, router_weight: torch.Tensor) -> torch.T
     return (moved.double() + U_FP32 * l64.abs() + TINY).amax(dim=1)
 
 
-def stable_routing(hidden: torch.Tensor, shared: dict[str, Any]) -> torch.Tensor:
-    """``[T]`` bool: the token's routing cannot differ between fast and reference logits (every
-    cutoff gap above :data:`GAP_FACTOR` times the keys' possible movement)."""
+def tie_classes(shared: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([E], [n_group])`` int64: experts (groups) with bitwise equal router rows and biases
+    share a class.  Their logits are the same computation on the same bits in the fast matmul
+    and in the reference, so their selection keys tie *exactly* in both (``values="ties"``)."""
+    rw, bias = shared["router_weight"], shared["correction_bias"]
+    n_group = shared["n_group"]
+    rows = rw.double()
+    if bias is not None:
+        rows = torch.cat([rows, bias.double()[:, None]], dim=1)
+    expert = torch.unique(rows.cpu(), dim=0, return_inverse=True)[1]
+    group = torch.unique(rows.cpu().reshape(n_group, -1), dim=0, return_inverse=True)[1]
+    return expert.to(rw.device), group.to(rw.device)
+
+
+def _cutoff(
+    keys: torch.Tensor, classes: torch.Tensor, c: int, need: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(stable [T], straddle [T], class [T])`` of the cutoff after the ``c`` best of ``keys [T, n]``
+    (``classes [T, n]``: the exact-tie class of each entry).  A cutoff between two classes is
+    stable when its gap exceeds ``need [T]``; a tie class that straddles it (members on both
+    sides: the lower ids are taken, in fast and reference alike) is stable when the gaps above
+    and below the whole class exceed ``need`` (its members adjacent in the order).  ``class``:
+    the class of the last entry taken."""
+    t, n = keys.shape
+    if c >= n:
+        no = torch.zeros(t, dtype=torch.bool, device=keys.device)
+        return ~no, no, classes[:, 0]
+    order = keys.argsort(dim=1, descending=True, stable=True)
+    ks, cs = keys.gather(1, order), classes.gather(1, order)
+    straddle = cs[:, c - 1] == cs[:, c]
+    plain = (ks[:, c - 1] - ks[:, c]) > need
+    block = cs == cs[:, c - 1 : c]
+    pos = torch.arange(n, device=keys.device).expand(t, n)
+    lo = torch.where(block, pos, n).amin(dim=1)
+    hi = torch.where(block, pos, -1).amax(dim=1)
+    adjacent = (hi - lo + 1) == block.sum(dim=1)
+    inf = torch.full((t,), math.inf, dtype=keys.dtype, device=keys.device)
+
+    def at(i: torch.Tensor) -> torch.Tensor:
+        return ks.gather(1, i.clamp(0, n - 1)[:, None])[:, 0]
+
+    above = torch.where(lo > 0, at(lo - 1) - at(lo), inf)
+    below = torch.where(hi < n - 1, at(hi) - at(hi + 1), inf)
+    ok = torch.where(straddle, adjacent & (above > need) & (below > need), plain)
+    return ok, straddle, cs[:, c - 1]
+
+
+def routing_cutoffs(hidden: torch.Tensor, shared: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The routing's selection cutoffs per token, on the exact (fp64) keys.
+
+    Returns ``stable [T]`` (every cutoff gap above :data:`GAP_FACTOR` times the keys' possible
+    movement between fast and reference logits; an exact tie class counts as one key),
+    ``expert_tie [T]`` (a tie class straddles the ``top_k`` cutoff), ``group_tie [T]`` (a tie
+    class of groups straddles the ``topk_group`` cutoff and an expert of its kept group is
+    chosen: breaking that tie the other way changes the experts), ``keys [T, E]`` (the
+    selection keys, dropped groups' ``-inf``) and ``need [T]`` (the gap a cutoff needs)."""
     rw = shared["router_weight"]
-    l64 = hidden.double() @ rw.double().T  # [T, E]
+    cls, gcls = tie_classes(shared)
+    l64 = (hidden.double() @ rw.double().T).gather(
+        1, _representative(cls)[None, :].expand(hidden.shape[0], -1)
+    )  # a class's members get its first member's dot product (equal in exact arithmetic)
     dl = logit_movement(hidden, rw)[:, None]  # [T, 1]
     k, n_group, topk_group = shared["top_k"], shared["n_group"], shared["topk_group"]
     if shared["scoring"] == "softmax":
@@ -196,28 +281,66 @@ def stable_routing(hidden: torch.Tensor, shared: dict[str, Any]) -> torch.Tensor
         if shared["correction_bias"] is not None:
             key = key + shared["correction_bias"].double()
         move = dl / 4 + 4 * U_FP32 * (1 + key.abs().amax(dim=1, keepdim=True))
-    need = GAP_FACTOR * move  # [T, 1]
+    need = GAP_FACTOR * move[:, 0]  # [T]
     t, e = key.shape
-    ok = torch.ones(t, dtype=torch.bool, device=key.device)
+    stable = torch.ones(t, dtype=torch.bool, device=key.device)
+    group_tie = torch.zeros(t, dtype=torch.bool, device=key.device)
     if n_group > 1 and topk_group < n_group:
         g = key.view(t, n_group, e // n_group)
         top2 = g.topk(min(2, e // n_group), dim=2).values.sum(dim=2)  # [T, G]
-        s = top2.sort(dim=1, descending=True).values
-        ok &= (s[:, topk_group - 1] - s[:, topk_group]) > 2 * need[:, 0]
+        ok, group_tie, tied = _cutoff(top2, gcls[None, :].expand(t, -1), topk_group, 2 * need)
+        stable &= ok
         kept = torch.zeros(t, n_group, dtype=torch.bool, device=key.device)
-        kept.scatter_(1, top2.argsort(dim=1, descending=True)[:, :topk_group], True)
+        kept.scatter_(1, top2.argsort(dim=1, descending=True, stable=True)[:, :topk_group], True)
         key = torch.where(kept.repeat_interleave(e // n_group, dim=1), key, torch.full_like(key, -math.inf))
-    s = key.sort(dim=1, descending=True).values
-    if k < e:
-        ok &= (s[:, k - 1] - s[:, k]) > need[:, 0]
-    return ok
+    unique = -1 - torch.arange(e, device=key.device)  # dropped experts: a class of their own
+    classes = torch.where(key == -math.inf, unique, cls[None, :].expand(t, -1))
+    ok, expert_tie, _ = _cutoff(key, classes, k, need)
+    if n_group > 1 and topk_group < n_group:  # the tie's kept group must supply a chosen expert
+        chosen = key.argsort(dim=1, descending=True, stable=True)[:, :k] // (e // n_group)  # [T, k]
+        group_tie &= (gcls[chosen] == tied[:, None]).any(dim=1)
+    return {
+        "stable": stable & ok,
+        "expert_tie": expert_tie,
+        "group_tie": group_tie,
+        "keys": key,
+        "need": need,
+    }
+
+
+def _representative(classes: torch.Tensor) -> torch.Tensor:
+    """``[n]``: the first index of each entry's class."""
+    n = classes.numel()
+    first = torch.full((int(classes.max()) + 1,), n, dtype=torch.long, device=classes.device)
+    first.scatter_reduce_(0, classes, torch.arange(n, device=classes.device), reduce="amin")
+    return first[classes]
+
+
+def stable_routing(hidden: torch.Tensor, shared: dict[str, Any]) -> torch.Tensor:
+    """``[T]`` bool: the token's routing cannot differ between fast and reference logits (every
+    cutoff gap above :data:`GAP_FACTOR` times the keys' possible movement; an exact tie class,
+    ``values="ties"``, counts as one key: :func:`routing_cutoffs`)."""
+    return routing_cutoffs(hidden, shared)["stable"]
+
+
+def _tie_kinds(shared: dict[str, Any]) -> tuple[str, ...]:
+    """The cutoffs a ``values="ties"`` case's tokens straddle, dealt round-robin over its tokens:
+    ``group_tie`` (where the weights hold a duplicated group) and ``expert_tie``."""
+    _, gcls = tie_classes(shared)
+    grouped = shared["n_group"] > 1 and shared["topk_group"] < shared["n_group"]
+    dup_group = grouped and bool((torch.bincount(gcls) > 1).any())
+    return ("group_tie", "expert_tie") if dup_group else ("expert_tie",)
 
 
 def _tokens(axes: dict[str, Any], seed: int, shared: dict[str, Any], device: torch.device) -> torch.Tensor:
-    """The case's hidden ``[T, H]`` bf16, every token with a stable routing."""
+    """The case's hidden ``[T, H]`` bf16, every token with a stable routing (``values="ties"``:
+    token i straddles the cutoff ``_tie_kinds(shared)[i % len]`` with an exact tie); a
+    neighbour's (``mix`` set) as drawn, near-ties kept (never compared with the reference)."""
     t, h = int(axes["T"]), int(axes["H"])
     gen = torch.Generator().manual_seed(seed)
     mix = axes.get("mix")
+    if mix == "near_tie":
+        return _near_tie_tokens(axes, gen, shared, device)
     if mix in ("flood", "elsewhere"):
         of = {**axes, "T": int(axes["of_T"]), "mix": None}
         base = _tokens(of, int(axes["of_seed"]), shared, device).float().cpu()
@@ -227,10 +350,13 @@ def _tokens(axes: dict[str, Any], seed: int, shared: dict[str, Any], device: tor
     else:
         base = torch.randn(t, h, generator=gen)
 
+    copies = mix in ("flood", "elsewhere")
+    keep = 0.0 if axes["values"] == "ties" else 1.0  # a ties redraw: a new token (rare straddles)
+
     def draw(rows: torch.Tensor, fresh: bool) -> torch.Tensor:
-        x = base[rows] + (0.05 if mix in ("flood", "elsewhere") else 1.0) * torch.randn(
-            rows.numel(), h, generator=gen
-        ) * (1.0 if fresh or mix in ("flood", "elsewhere") else 0.0)
+        kept = keep if fresh and mix is None else 1.0
+        noise = (0.05 if copies else 1.0) * torch.randn(rows.numel(), h, generator=gen)
+        x = base[rows] * kept + noise * (1.0 if fresh or copies else 0.0)
         x = x.to(torch.bfloat16)
         if axes["values"] == "cancel":
             sign = (torch.randint(2, (rows.numel(),), generator=gen) * 2 - 1).to(torch.bfloat16)
@@ -239,22 +365,107 @@ def _tokens(axes: dict[str, Any], seed: int, shared: dict[str, Any], device: tor
         return x
 
     hidden = draw(torch.arange(t), fresh=False).to(device)
-    if axes.get("routing") == "free":  # bench cases: nothing compares against the reference
+    if mix is not None or axes.get("routing") == "free":  # neighbours, bench cases: no reference
         return hidden
+    kinds = _tie_kinds(shared) if axes["values"] == "ties" else ()
     for _ in range(MAX_TRIES):
-        bad = (~stable_routing(hidden, shared)).nonzero().flatten().cpu()
+        cut = routing_cutoffs(hidden, shared)
+        good = cut["stable"]
+        if kinds:
+            good = good & torch.stack([cut[kinds[i % len(kinds)]][i] for i in range(t)])
+        bad = (~good).nonzero().flatten().cpu()
         if bad.numel() == 0:
             return hidden
         hidden[bad.to(device)] = draw(bad, fresh=True).to(device)
     raise RuntimeError(f"fused_moe: no stable routing for {bad.numel()} tokens after {MAX_TRIES} draws")
 
 
+#: Hidden columns the near-tie construction sets (0 and H - 1 are the cancel pair's).
+NEAR_TIE_COLUMNS = (1, 2, 3, 4)
+
+
+def _near_tie_tokens(
+    axes: dict[str, Any], gen: torch.Generator, shared: dict[str, Any], device: torch.device
+) -> torch.Tensor:
+    """``[T, H]`` bf16 tokens whose two keys at the ``top_k`` cutoff (of different tie classes)
+    are within the keys' possible movement of each other: within an fp32 rounding or a
+    summation order of swapping, so any change of the logits' bits would change the experts.
+    A random token is moved onto the tie by Newton steps on single coordinates (fp64 keys,
+    rounded to bf16 each time): one column of the largest key derivative, then the
+    :data:`NEAR_TIE_COLUMNS` (zero before: each removes ~8 more bits of the gap)."""
+    t, h, k = int(axes["T"]), int(axes["H"]), shared["top_k"]
+    rw = shared["router_weight"].double()
+    bias = shared["correction_bias"]
+    cls, _ = tie_classes(shared)
+    sigmoid = shared["scoring"] == "sigmoid"
+    free = torch.ones(h, dtype=torch.bool)
+    free[[0, h - 1, *NEAR_TIE_COLUMNS]] = False
+
+    def gap_and_slope(x: torch.Tensor, p: int, q: int) -> tuple[float, torch.Tensor]:
+        lg = rw @ x.double()  # [E]
+        if not sigmoid:
+            return float(lg[p] - lg[q]), (rw[p] - rw[q]).cpu()
+        sg = torch.sigmoid(lg)
+        key = sg + (bias.double() if bias is not None else 0.0)
+        ds = sg * (1 - sg)
+        return float(key[p] - key[q]), (ds[p] * rw[p] - ds[q] * rw[q]).cpu()
+
+    rows = []
+    for _ in range(t):
+        for _ in range(MAX_TRIES):
+            x = torch.randn(h, generator=gen)
+            x[list(NEAR_TIE_COLUMNS)] = 0
+            if axes["values"] == "cancel":
+                x[0], x[-1] = CANCEL, -CANCEL
+            xb = x.to(torch.bfloat16).to(device)
+            order = routing_cutoffs(xb[None], shared)["keys"][0].argsort(descending=True, stable=True)
+            p, q = int(order[k - 1]), int(order[k])
+            if cls[p] == cls[q]:
+                continue
+            _, slope = gap_and_slope(xb, p, q)
+            steps = [int(torch.where(free, slope.abs(), -1.0).argmax()), *NEAR_TIE_COLUMNS]
+            for col in steps:
+                gap, slope = gap_and_slope(xb, p, q)
+                if slope[col] != 0:
+                    xb[col] = (xb[col].double() - gap / float(slope[col])).to(torch.bfloat16)
+            cut = routing_cutoffs(xb[None], shared)
+            order = cut["keys"][0].argsort(descending=True, stable=True)
+            gap, _ = gap_and_slope(xb, p, q)
+            at_cutoff = {int(order[k - 1]), int(order[k])} == {p, q}
+            if at_cutoff and abs(gap) * GAP_FACTOR <= float(cut["need"][0]):
+                rows.append(xb)
+                break
+        else:
+            raise RuntimeError(f"fused_moe: no near-tie token after {MAX_TRIES} draws")
+    return torch.stack(rows)
+
+
+def check_ties(hidden: torch.Tensor, shared: dict[str, Any]) -> None:
+    """Raise unless a ``values="ties"`` batch is what it claims: the reference's logits of each
+    tie class bitwise equal, every token straddling its cutoff with an exact tie and otherwise
+    stable (:func:`routing_cutoffs`)."""
+    cls, _ = tie_classes(shared)
+    logits = ref_moe.router_logits(hidden, shared["router_weight"])
+    if not torch.equal(logits, logits[:, _representative(cls)]):
+        raise RuntimeError("fused_moe ties: a tie class's reference logits differ")
+    cut = routing_cutoffs(hidden, shared)
+    kinds = _tie_kinds(shared)
+    for i in range(hidden.shape[0]):
+        kind = kinds[i % len(kinds)]
+        if not (bool(cut["stable"][i]) and bool(cut[kind][i])):
+            raise RuntimeError(f"fused_moe ties: token {i} does not straddle the {kind} cutoff")
+
+
 def build(case: Case, device: torch.device) -> Batch:
     """Weights from a seed of the shape axes (co-batched cases share them), tokens from
-    ``case.seed`` (near-tie tokens resampled: :func:`stable_routing`)."""
+    ``case.seed`` (near-tie tokens resampled: :func:`stable_routing`; ``values="ties"``: exact
+    ties straddling the cutoffs, checked by :func:`check_ties`; neighbours as drawn)."""
     axes = dict(case.axes)
     shared = _weights(axes, device)
-    return Batch({"hidden": _tokens(axes, case.seed, shared, device)}, shared)
+    hidden = _tokens(axes, case.seed, shared, device)
+    if axes["values"] == "ties" and axes.get("mix") is None:
+        check_ties(hidden, shared)
+    return Batch({"hidden": hidden}, shared)
 
 
 # --- the request model -------------------------------------------------------------------------
@@ -297,10 +508,11 @@ NEIGHBOUR_TOKENS = {False: 4, True: 64}
 
 
 def neighbours(case: Case, lane: Lane) -> dict[str, Case]:
-    """``flood`` / ``elsewhere`` / ``random`` other tokens (module docstring), normal values."""
+    """``flood`` / ``elsewhere`` / ``random`` / ``near_tie`` other tokens (module docstring), the
+    case's values axis (its weights)."""
     ax = dict(case.axes)
     out = {}
-    for i, mix in enumerate(("flood", "elsewhere", "random")):
+    for i, mix in enumerate(("flood", "elsewhere", "random", "near_tie")):
         axes = {**ax, "T": NEIGHBOUR_TOKENS[lane.is_gpu], "mix": mix, "of_T": ax["T"], "of_seed": case.seed}
         out[mix] = Case(case.component, axes, seed=case.seed + 7919 * (i + 1))
     return out

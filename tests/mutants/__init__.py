@@ -257,4 +257,20 @@ MUTANTS: tuple[Mutant, ...] = (
         ("agreement",),
         every_case=lambda case: bool(case.axes["on_input"]) and case.axes["values"] == "normal",
     ),
+    Mutant(
+        "fused_moe_expert_ties_to_higher_id",
+        "fused_moe",
+        kernels.fused_moe_expert_ties_to_higher_id,
+        "the layer's router takes the higher expert id first among equal keys (moe_router's tie mutant)",
+        ("agreement",),
+        every_case=lambda case: case.axes["values"] == "ties",
+    ),
+    Mutant(
+        "fused_moe_group_ties_to_higher_id",
+        "fused_moe",
+        kernels.fused_moe_group_ties_to_higher_id,
+        "the layer's router keeps the higher group id first among equal group scores",
+        ("agreement",),
+        every_case=lambda case: case.axes["values"] == "ties",
+    ),
 )

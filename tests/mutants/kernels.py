@@ -284,6 +284,15 @@ def moe_router_ties_to_higher_id() -> Callable[..., Any]:
     return _moe_router_subject(kernel)
 
 
+def _moe_router_group_ties_to_higher_id_kernel() -> Any:
+    return mutate(
+        moe_router_kernels,
+        "moe_router_kernel",
+        "first = tl.min(tl.where(~kept & (gkey == best_group), offs_g, ID_SENTINEL), axis=0)",
+        "first = tl.max(tl.where(~kept & (gkey == best_group), offs_g, -1), axis=0)",
+    )
+
+
 def moe_router_weights_through_bf16() -> Callable[..., Any]:
     kernel = mutate(
         moe_router_kernels,
@@ -383,3 +392,25 @@ def fused_moe_weights_applied_twice() -> Callable[..., Any]:
         "out = combine(down, topk_weights)",
         entry="fused_moe",
     )
+
+
+def _fused_moe_with_router(router: Callable[..., Any]) -> Callable[..., Any]:
+    """The shipped layer with ``router`` in place of the pinned ``moe_router`` (one line)."""
+    import batchinv.fast.fused_moe as fused_moe_launcher
+
+    return mutate(  # type: ignore[no-any-return]
+        fused_moe_launcher,
+        "compose",
+        "topk_weights, topk_ids = moe_router(",
+        "topk_weights, topk_ids = mutant_router(",
+        entry="fused_moe",
+        extra_globals={"mutant_router": router},
+    )
+
+
+def fused_moe_expert_ties_to_higher_id() -> Callable[..., Any]:
+    return _fused_moe_with_router(moe_router_ties_to_higher_id())
+
+
+def fused_moe_group_ties_to_higher_id() -> Callable[..., Any]:
+    return _fused_moe_with_router(_moe_router_subject(_moe_router_group_ties_to_higher_id_kernel()))
