@@ -15,7 +15,12 @@ more keep their choice off the expert's M:
   count T, as vLLM's tuned per-T tables do (a host integer: CUDA-graph safe, the production
   speed baseline of ``batchinv bench fused_moe``).  A token's bits change with T.
 * :func:`other_block_k` -- the table's config with half its BLOCK_K: invariant along every
-  batch axis, the negative control of ``config_equivalence``.
+  batch axis, the negative control of ``config_equivalence`` on the interpreter.  On the H200
+  (Triton 3.6, 2026-11-30) BLOCK_K 32, 64 and 128 gave the same bits: the tensor-core dot
+  accumulates its 16-wide k-steps into the one fp32 accumulator in order whatever the tile, so
+  there BLOCK_K is not a reduction choice and these three are not expected to vary.
+* :func:`two_k_slices` -- K always in two slices added after: the negative control of
+  ``config_equivalence`` on every lane.
 """
 
 from __future__ import annotations
@@ -81,17 +86,52 @@ def split_k_small_m(
         if splits == 1:
             launch(a, w, sorted_ids, be, num_padded, args, a_per_slot, cfg, out)
             continue
-        kps = -(-args.kdim // splits)  # ceil(K / splits): slices need not align with BLOCK_K
-        ws = torch.zeros(splits, args.t * args.k, args.n, dtype=torch.float32, device=a.device)
-        launch(a, w, sorted_ids, be, num_padded, args, a_per_slot, cfg, ws, splits=splits, k_per_split=kps)
-        parts = list(ws)
-        while len(parts) > 1:
-            parts = [
-                parts[i] + parts[i + 1] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)
-            ]
+        total = _split_k_sum(a, w, sorted_ids, be, num_padded, args, a_per_slot, cfg, splits)
         rows = _rows_of(sorted_ids, be, args)
-        out[rows] = parts[0][rows].to(a.dtype)
+        out[rows] = total[rows].to(a.dtype)
     return out.view(args.t, args.k, args.n)
+
+
+def _split_k_sum(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    block_expert: torch.Tensor,
+    num_padded: torch.Tensor,
+    args: GroupedGemmArgs,
+    a_per_slot: bool,
+    cfg: GroupedGemmConfig,
+    splits: int,
+) -> torch.Tensor:
+    """``[T * k, N]`` fp32: the kernel's partials over ``splits`` K slices of ``ceil(K / splits)``
+    (not aligned with BLOCK_K), added pairwise ((p0 + p1) + (p2 + p3))."""
+    kps = -(-args.kdim // splits)
+    ws = torch.zeros(splits, args.t * args.k, args.n, dtype=torch.float32, device=a.device)
+    launch(
+        a, w, sorted_ids, block_expert, num_padded, args, a_per_slot, cfg, ws, splits=splits, k_per_split=kps
+    )
+    parts = list(ws)
+    while len(parts) > 1:
+        parts = [parts[i] + parts[i + 1] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
+def two_k_slices(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    block_expert: torch.Tensor,
+    num_padded: torch.Tensor,
+    top_k: int,
+    a_per_slot: bool = False,
+) -> torch.Tensor:
+    """The table's config with K always cut in two slices, their fp32 partials added and rounded
+    once: invariant in the batch (the split depends on nothing), but another summation tree,
+    which ``config_equivalence`` must tell from the declared configs on every lane (on the H200
+    halving BLOCK_K did not change a bit: :func:`other_block_k`)."""
+    args, cfg = checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot)
+    total = _split_k_sum(a, w, sorted_ids, block_expert, num_padded, args, a_per_slot, cfg, 2)
+    return total.to(a.dtype).view(args.t, args.k, args.n)
 
 
 def _rows_of(sorted_ids: torch.Tensor, block_expert: torch.Tensor, args: GroupedGemmArgs) -> torch.Tensor:

@@ -24,7 +24,6 @@ from batchinv.fast.moe_router_baselines import bf16_large_batch_router, torch_to
 from batchinv.harness import bitpatterns as bp
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import (
-    GPU_LANES,
     Baseline,
     Batch,
     Case,
@@ -349,9 +348,10 @@ COMPONENT = Component(
             fn=torch_topk_router,
             why=(
                 "fp32 scores and torch.topk: ties broken in no specified order, on a GPU by an algorithm "
-                "chosen from the shape (T included)"
+                "chosen from the shape (T included); measured inconclusive on the H200 (torch 2.11, "
+                "2026-11-30: its ties came out the same at every batch), so reported, not asserted"
             ),
-            expected_to_vary_on=GPU_LANES,
+            expected_to_vary_on=frozenset(),
         ),
         Baseline(
             name="bf16_large_batch_router",
