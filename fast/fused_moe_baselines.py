@@ -17,6 +17,10 @@ the atomic-add combine.  No host sync, so it is timed in a CUDA graph like the p
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from batchinv.fast.fused_moe import compose
@@ -26,45 +30,26 @@ from batchinv.fast.moe_combine_baselines import atomic_add_moe_combine, token_co
 from batchinv.fast.swiglu_baselines import swiglu_bf16_above_32_rows
 
 
-def unpinned_stages(
-    hidden: torch.Tensor,
-    router_weight: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    top_k: int,
-    scoring: str = "softmax",
-    renormalize: bool = False,
-    correction_bias: torch.Tensor | None = None,
-    n_group: int = 1,
-    topk_group: int = 1,
-    apply_router_weight_on_input: bool = False,
-) -> torch.Tensor:
+def _with_stages(doc: str, **stages: Any) -> Callable[..., torch.Tensor]:
+    """:func:`batchinv.fast.fused_moe.compose` with these stage implementations: the signature
+    of :func:`batchinv.fast.fused_moe.fused_moe` (the same names and defaults)."""
+    fn = functools.partial(compose, **stages)
+    fn.__doc__ = doc
+    return fn
+
+
+unpinned_stages = _with_stages(
     """:func:`batchinv.fast.fused_moe.fused_moe` with the unpinned grouped GEMM, activation and
-    combine (module docstring)."""
-    return compose(
-        hidden, router_weight, w13, w2, top_k, scoring, renormalize, correction_bias, n_group, topk_group,
-        apply_router_weight_on_input,
-        gemm=split_k_small_m, activation=swiglu_bf16_above_32_rows, combine=token_count_dispatch_moe_combine,
-    )  # fmt: skip
+    combine (module docstring).""",
+    gemm=split_k_small_m,
+    activation=swiglu_bf16_above_32_rows,
+    combine=token_count_dispatch_moe_combine,
+)
 
-
-def token_count_configs(
-    hidden: torch.Tensor,
-    router_weight: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    top_k: int,
-    scoring: str = "softmax",
-    renormalize: bool = False,
-    correction_bias: torch.Tensor | None = None,
-    n_group: int = 1,
-    topk_group: int = 1,
-    apply_router_weight_on_input: bool = False,
-) -> torch.Tensor:
-    """:func:`batchinv.fast.fused_moe.fused_moe` with per-token-count grouped GEMM configs and
-    the atomic-add combine (module docstring)."""
-    return compose(
-        hidden, router_weight, w13, w2, top_k, scoring, renormalize, correction_bias, n_group, topk_group,
-        apply_router_weight_on_input,
-        gemm=token_count_gemm, combine=atomic_add_moe_combine, align_block=token_count_block_m,
-    )  # fmt: skip
+token_count_configs = _with_stages(
+    """:func:`batchinv.fast.fused_moe.fused_moe` with per-token-count grouped GEMM configs and the
+    atomic-add combine (module docstring).""",
+    gemm=token_count_gemm,
+    combine=atomic_add_moe_combine,
+    align_block=token_count_block_m,
+)

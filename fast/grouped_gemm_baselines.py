@@ -26,6 +26,7 @@ more keep their choice off the expert's M:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -193,33 +194,37 @@ def token_count_block_m(device: torch.device, num_tokens: int, top_k: int, num_e
     return token_count_config(num_tokens).block_m
 
 
-def token_count_configs(
-    a: torch.Tensor,
-    w: torch.Tensor,
-    sorted_ids: torch.Tensor,
-    block_expert: torch.Tensor,
-    num_padded: torch.Tensor,
-    top_k: int,
-    a_per_slot: bool = False,
-) -> torch.Tensor:
+def _one_config(
+    choose: Callable[[GroupedGemmArgs, GroupedGemmConfig], GroupedGemmConfig], doc: str
+) -> Callable[..., torch.Tensor]:
+    """A grouped GEMM with :func:`batchinv.fast.grouped_gemm.grouped_gemm`'s signature that runs
+    the shipped kernel once with ``choose(args, table_config)``."""
+
+    def gemm(
+        a: torch.Tensor,
+        w: torch.Tensor,
+        sorted_ids: torch.Tensor,
+        block_expert: torch.Tensor,
+        num_padded: torch.Tensor,
+        top_k: int,
+        a_per_slot: bool = False,
+    ) -> torch.Tensor:
+        args, cfg = checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot)
+        return execute(a, w, sorted_ids, block_expert, num_padded, args, a_per_slot, choose(args, cfg))
+
+    gemm.__doc__ = doc
+    return gemm
+
+
+token_count_configs = _one_config(
+    lambda args, cfg: replace(token_count_config(args.t), block_m=args.block_m),
     """Grouped GEMM whose config (BLOCK_K included) comes from the token count T
-    (:data:`TOKEN_COUNT_TABLE`; ``block_m`` stays the input's).  No host sync: capturable."""
-    args, _ = checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot)
-    config = replace(token_count_config(args.t), block_m=args.block_m)
-    return execute(a, w, sorted_ids, block_expert, num_padded, args, a_per_slot, config)
+    (:data:`TOKEN_COUNT_TABLE`; ``block_m`` stays the input's).  No host sync: capturable.""",
+)
 
-
-def other_block_k(
-    a: torch.Tensor,
-    w: torch.Tensor,
-    sorted_ids: torch.Tensor,
-    block_expert: torch.Tensor,
-    num_padded: torch.Tensor,
-    top_k: int,
-    a_per_slot: bool = False,
-) -> torch.Tensor:
+other_block_k = _one_config(
+    lambda args, cfg: replace(cfg, block_k=max(16, cfg.block_k // 2)),
     """The table's config with half its BLOCK_K: invariant in the batch, but another association
-    of every fp32 sum, which ``config_equivalence`` must tell from the declared configs."""
-    args, cfg = checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot)
-    config = replace(cfg, block_k=max(16, cfg.block_k // 2))
-    return execute(a, w, sorted_ids, block_expert, num_padded, args, a_per_slot, config)
+    of every fp32 sum under the interpreter, which ``config_equivalence`` must tell from the
+    declared configs there.""",
+)
