@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -97,6 +98,41 @@ def split_k(
     """Split-K matmul: fp32 partial sums over ``split_k_count(M)`` K slices, added in slice
     order, plus bias, rounded once.  Agrees with the reference within the same bound as the
     fast kernel, but the bits of a row change with M (negative control)."""
+    return _split_k_matmul(x, weight, bias, layout, out_dtype, precision, split_k_count)
+
+
+def two_k_slices(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    layout: str = "linear",
+    out_dtype: torch.dtype | None = None,
+    precision: str = "ieee",
+    num_sms: int | None = None,
+) -> torch.Tensor:
+    """The split-K matmul with K always in two slices (one when K fits one BLOCK_K): invariant
+    along every batch axis, but another summation tree than the pinned kernel's -- the negative
+    control of ``config_equivalence`` on GPU lanes, where halving BLOCK_K (:func:`other_block_k`)
+    changed no bit on the H200 (tensor-core and FMA dots add their k-steps in order whatever the
+    tile).  ``num_sms`` is accepted and ignored."""
+    del num_sms
+    return _split_k_matmul(
+        x, weight, bias, layout, out_dtype, precision, lambda m, k, block_k: min(2, _cdiv(k, block_k))
+    )
+
+
+def _split_k_matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    layout: str,
+    out_dtype: torch.dtype | None,
+    precision: str,
+    split_count: Callable[[int, int, int], int],
+) -> torch.Tensor:
+    """fp32 partial sums over ``split_count(M, K, BLOCK_K)`` K slices, added in slice order,
+    plus bias, rounded once."""
     from batchinv.fast.kernels.matmul_splitk import splitk_partial_kernel
 
     args = validate(x, weight, bias, layout, out_dtype, precision)
@@ -107,7 +143,7 @@ def split_k(
     if m == 0 or n == 0:
         return torch.empty((m, n), device=x.device, dtype=args.out_dtype)
     block_m, block_n, block_k = _SPLITK_BLOCK["interp" if interpreting() else "gpu"]
-    splits = split_k_count(m, k, block_k)
+    splits = split_count(m, k, block_k)
     k_per_split = _cdiv(_cdiv(k, splits), block_k) * block_k  # ceil(K / splits), up to BLOCK_K
     ws = torch.zeros((splits, m, n), device=x.device, dtype=torch.float32)  # [S, M, N]
     grid = (_cdiv(m, block_m) * _cdiv(n, block_n), splits)
@@ -153,8 +189,8 @@ def other_block_k(
     """The pinned kernel with the table's config but half its BLOCK_K: the negative control of
     ``config_equivalence``.  Invariant along every batch axis (the config is still keyed on
     (arch, dtype, N, K) only), but each K tile's partial sum now covers half as many products,
-    so the fp32 accumulation is associated differently: a config the launcher must never pick
-    as "equivalent".  Shapes, dtypes and errors as :func:`batchinv.fast.matmul.matmul`."""
+    so the fp32 accumulation is associated differently under the interpreter (on the H200 the
+    bits did not change: :func:`two_k_slices` is the GPU lanes' control).  Shapes, dtypes and errors as :func:`batchinv.fast.matmul.matmul`."""
     from dataclasses import replace
 
     from batchinv.fast.matmul import matmul, plan

@@ -455,7 +455,15 @@ COMPONENT = Component(
             "other_block_k",
             bl.other_block_k,
             "config_equivalence's negative control: the table's config with half its BLOCK_K (another "
-            "association of each fp32 sum), a config that must never be declared equivalent",
+            "association of each fp32 sum under the interpreter; identical bits on the H200, 2026-11-30: dots "
+            "add their k-steps in order whatever the tile)",
+            expected_to_vary_on=frozenset({Lane.CPU}),
+        ),
+        Baseline(
+            "two_k_slices",
+            bl.two_k_slices,
+            "config_equivalence's negative control on every lane: K always in two slices whose fp32 partials "
+            "are added after (batch-invariant, another summation tree)",
             expected_to_vary_on=ALL_LANES,
         ),
         # The :0:0 + cuBLASLt recipe is not swept: it crashes ("OOM trying to allocate workspace
