@@ -1,0 +1,113 @@
+"""The fast kernels as torch operators: ``torch.ops.batchinv.<name>`` (issue 14, first step).
+
+Each operator is a ``torch.library.custom_op`` with a fake (meta) implementation, so it runs
+in eager mode, is captured by CUDA graphs, and is traced by ``torch.compile`` (Dynamo, AOT
+autograd, Inductor) as one opaque call: Inductor never lowers it to a kernel of its own, so a
+compiled graph runs exactly the pinned kernel the eager call runs and gets its bits.
+
+Operators (``torch.ops.batchinv``):
+
+* ``matmul(x, weight, bias, layout, out_dtype)`` -- :func:`batchinv.fast.matmul.matmul`
+* ``rms_norm(x, weight, eps)`` -- :func:`batchinv.fast.rms_norm.rms_norm` over the last dim
+* ``softmax(x, half_to_float)`` / ``log_softmax(x, half_to_float)`` -- over the last dim
+* ``mean(x, keepdim, dtype)`` -- :func:`batchinv.fast.mean.mean` over the last dim
+
+Inference only: the kernels carry no autograd formula, so a call that needs a gradient raises
+(torch's own error, at trace time under ``torch.compile``).  :data:`RUNTIME_CALLS` counts the
+calls that ran a kernel, by operator: a compiled graph's calls are counted when it runs, never
+when it is traced (fake tensors do not reach the kernels).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+#: Calls that ran a pinned kernel (not traces), by operator name; callers reset or diff it.
+RUNTIME_CALLS: Counter[str] = Counter()
+
+
+@torch.library.custom_op("batchinv::matmul", mutates_args=())
+def matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    layout: str = "linear",
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """:func:`batchinv.fast.matmul.matmul` (``[M, K] x W -> [M, N]``, ``layout`` "linear": W
+    ``[N, K]``; "mm": ``[K, N]``) as an operator; shapes, dtypes, errors and the invariance
+    contract are that function's."""
+    from batchinv.fast.matmul import matmul as pinned
+
+    RUNTIME_CALLS["matmul"] += 1
+    return pinned(x, weight, bias, layout=layout, out_dtype=out_dtype)
+
+
+@matmul.register_fake
+def _matmul_fake(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    layout: str = "linear",
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    n = weight.shape[0] if layout == "linear" else weight.shape[1]
+    return x.new_empty((x.shape[0], n), dtype=out_dtype or x.dtype)
+
+
+@torch.library.custom_op("batchinv::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """:func:`batchinv.fast.rms_norm.rms_norm` over the last dim as an operator."""
+    from batchinv.fast.rms_norm import rms_norm as pinned
+
+    RUNTIME_CALLS["rms_norm"] += 1
+    return pinned(x, weight, eps)
+
+
+@rms_norm.register_fake
+def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _softmax_fake(x: torch.Tensor, half_to_float: bool = False) -> torch.Tensor:
+    dtype = torch.float32 if half_to_float and x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    return torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("batchinv::softmax", mutates_args=())
+def softmax(x: torch.Tensor, half_to_float: bool = False) -> torch.Tensor:
+    """:func:`batchinv.fast.softmax.softmax` over the last dim as an operator."""
+    from batchinv.fast.softmax import softmax as pinned
+
+    RUNTIME_CALLS["softmax"] += 1
+    return pinned(x, -1, half_to_float)
+
+
+@torch.library.custom_op("batchinv::log_softmax", mutates_args=())
+def log_softmax(x: torch.Tensor, half_to_float: bool = False) -> torch.Tensor:
+    """:func:`batchinv.fast.softmax.log_softmax` over the last dim as an operator."""
+    from batchinv.fast.softmax import log_softmax as pinned
+
+    RUNTIME_CALLS["log_softmax"] += 1
+    return pinned(x, -1, half_to_float)
+
+
+softmax.register_fake(_softmax_fake)
+log_softmax.register_fake(_softmax_fake)
+
+
+@torch.library.custom_op("batchinv::mean", mutates_args=())
+def mean(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """:func:`batchinv.fast.mean.mean` over the last dim as an operator."""
+    from batchinv.fast.mean import mean as pinned
+
+    RUNTIME_CALLS["mean"] += 1
+    return pinned(x, -1, keepdim, dtype)
+
+
+@mean.register_fake
+def _mean_fake(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+    shape = (*x.shape[:-1], 1) if keepdim else tuple(x.shape[:-1])
+    return x.new_empty(shape, dtype=dtype or x.dtype)

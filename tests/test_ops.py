@@ -1,0 +1,100 @@
+"""Tests of the fast kernels as torch operators (``torch.ops.batchinv.*``, ``fast/ops.py``):
+schema and fake implementations (``torch.library.opcheck``), the same bits in eager mode and
+under ``torch.compile`` (Inductor keeps each operator as one opaque call), rows invariant along
+M in the compiled graph, and runtime calls counted when they run, not when traced.
+
+Expected values are the eager pinned functions' outputs (the registry checks those against
+their references); here only the operator wrapping is under test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from batchinv.fast import ops
+from batchinv.harness.plugin import current_lane
+
+DEVICE = torch.device("cuda" if current_lane().is_gpu else "cpu")
+#: Inductor's own imports warn (torch.jit deprecations); the project runs with warnings as errors.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def any_lane(fn):
+    return pytest.mark.cpu(pytest.mark.gpu(fn))
+
+
+def _operands(rows: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen).to(torch.bfloat16).to(DEVICE)
+
+    return {"x": randn(rows, 64), "w": randn(32, 64), "b": randn(32), "g": randn(32)}
+
+
+def _calls(t: dict[str, torch.Tensor]) -> list[tuple[object, tuple[object, ...]]]:
+    bo = torch.ops.batchinv
+    return [
+        (bo.matmul, (t["x"], t["w"], t["b"], "linear", None)),
+        (bo.matmul, (t["x"], t["w"].T.contiguous(), None, "mm", torch.float32)),
+        (bo.rms_norm, (t["w"], t["g"].new_ones(64), 1e-6)),
+        (bo.softmax, (t["x"], False)),
+        (bo.softmax, (t["x"], True)),
+        (bo.log_softmax, (t["x"], False)),
+        (bo.mean, (t["x"], False, None)),
+        (bo.mean, (t["x"], True, torch.float32)),
+    ]
+
+
+@any_lane
+def test_operators_pass_opcheck():
+    for op, args in _calls(_operands(5)):
+        result = torch.library.opcheck(
+            op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+        )
+        assert set(result.values()) == {"SUCCESS"}, (op, result)
+
+
+def _layer(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    bo = torch.ops.batchinv
+    h = bo.matmul(x, w, b, "linear", None)
+    n = bo.rms_norm(h, g, 1e-6)
+    return bo.softmax(n, False), bo.log_softmax(n, True), bo.mean(n, True, torch.float32)
+
+
+@any_lane
+@torch.no_grad()
+def test_compiled_graph_gives_the_eager_bits_and_keeps_rows_invariant():
+    torch._dynamo.reset()
+    compiled = torch.compile(_layer, fullgraph=True, dynamic=True)
+    t = _operands(9, seed=1)
+    eager = _layer(**t)
+    before = ops.RUNTIME_CALLS.copy()
+    full = compiled(**t)
+    assert ops.RUNTIME_CALLS - before == {
+        "matmul": 1,
+        "rms_norm": 1,
+        "softmax": 1,
+        "log_softmax": 1,
+        "mean": 1,
+    }
+    for e, c in zip(eager, full, strict=True):
+        assert torch.equal(e, c)
+    for rows in (1, 4):  # the first rows alone: the same bits (a recompile or a dynamic shape)
+        part = compiled(**{**t, "x": t["x"][:rows]})
+        for p, c in zip(part, full, strict=True):
+            assert torch.equal(p, c[:rows]), rows
+
+
+@any_lane
+@torch.no_grad()
+def test_inductor_does_not_lower_the_operators():
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    t = _operands(3, seed=2)
+    _, code = run_and_get_code(torch.compile(_layer, fullgraph=True), **t)
+    text = "\n".join(code)
+    for name in ("matmul", "rms_norm", "softmax", "log_softmax", "mean"):
+        assert f"torch.ops.batchinv.{name}.default" in text, name
