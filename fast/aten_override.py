@@ -3,17 +3,20 @@
 Spelling: ``import batchinv.fast`` then ``with batchinv.fast.enable(): ...`` (the package exports
 :func:`enable` lazily, so importing it does not import triton).
 
-Inside ``with enable():`` the aten kernels of ``mm`` and ``addmm`` (the ops ``torch.mm``,
-``torch.addmm``, ``@`` on matrices and ``torch.nn.functional.linear`` reach, with or without a
-bias, for 2-D and flattened N-D inputs) are overridden for the CPU and CUDA dispatch keys by
-:func:`batchinv.fast.matmul.matmul` through a ``torch.library.Library("aten", "IMPL")``.  On exit
-the library is destroyed and the original kernels are back.
+Inside ``with enable():`` two layers route the covered ops to the pinned kernels: a
+torch-function mode (:mod:`batchinv.fast.function_mode`), which answers ``F.linear``, the
+matrix products, ``F.rms_norm``, ``softmax`` / ``log_softmax`` / ``mean`` over the last dim
+with the ``torch.ops.batchinv`` operators and which ``torch.compile`` traces (so compiled
+graphs keep them); and beneath it the aten kernels of ``mm`` and ``addmm``, overridden for the
+CPU and CUDA dispatch keys by :func:`batchinv.fast.matmul.matmul` through a
+``torch.library.Library("aten", "IMPL")`` (for calls that reach aten directly).  On exit the
+mode is popped, the library destroyed and the original kernels are back.
 
-Calls the kernel cannot take (dtypes other than bf16 / fp16 / fp32, mixed dtypes, CPU tensors
-without the Triton interpreter) fall back to ``torch.bmm`` of a batch of one, which is not
-overridden, and are counted in :attr:`EnableStats.fallback` so a caller can assert there were
-none.  ``addmm`` with ``beta``/``alpha`` other than 1 or a non-row ``input`` adds
-``beta * input`` to ``alpha * mm`` elementwise (still row-local).
+Calls the kernels cannot take raise :class:`batchinv.fast.function_mode.UnpinnedOpError` under
+``strict=True`` (the default); with ``strict=False`` they run unpinned and are counted in
+:attr:`EnableStats.fallback` (at the aten layer they fall back to ``torch.bmm`` of a batch of
+one, which is not overridden).  ``addmm`` with ``beta``/``alpha`` other than 1 or a non-row
+``input`` (``strict=False``) adds ``beta * input`` to ``alpha * mm`` elementwise (row-local).
 """
 
 from __future__ import annotations
@@ -36,13 +39,30 @@ _DISPATCH_KEYS = ("CPU", "CUDA")
 
 @dataclass
 class EnableStats:
-    """Calls seen inside one ``enable()`` block: ``pinned[op]`` and ``fallback[op]`` counts."""
+    """Calls inside one ``enable()`` block.
 
-    pinned: Counter[str] = field(default_factory=Counter)
+    ``pinned[op]``: runtime calls of the pinned operators (``matmul``, ``rms_norm``, ``softmax``,
+    ``log_softmax``, ``mean``: :data:`batchinv.fast.ops.RUNTIME_CALLS` during the block, so a
+    compiled graph's calls count when it runs, never when it is traced) plus the aten-level
+    ``mm`` / ``addmm`` override's kernel calls.  ``fallback[op]``: calls that ran unpinned
+    (``strict=False`` only), by covered op at the torch-function level and as ``aten::mm`` /
+    ``aten::addmm`` at the aten level (a fallback ``F.linear`` reaches both).
+    """
+
+    aten: Counter[str] = field(default_factory=Counter)
     fallback: Counter[str] = field(default_factory=Counter)
+    _start: Counter[str] = field(default_factory=Counter)
+    _end: Counter[str] | None = None
+
+    @property
+    def pinned(self) -> Counter[str]:
+        from batchinv.fast.ops import RUNTIME_CALLS
+
+        now = self._end if self._end is not None else RUNTIME_CALLS
+        return (now - self._start) + self.aten
 
 
-_active: list[tuple[Any, EnableStats, int | None]] = []
+_active: list[tuple[Any, EnableStats, int | None, bool]] = []
 
 
 def _launchable(*tensors: torch.Tensor) -> bool:
@@ -66,11 +86,20 @@ def _unpinned_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a.unsqueeze(0), b.unsqueeze(0)).squeeze(0)
 
 
+def _unlaunchable(op: str) -> None:
+    """Count a call the aten layer cannot pin, or refuse it under ``strict``."""
+    if _active[0][3]:
+        from batchinv.fast.function_mode import UnpinnedOpError
+
+        raise UnpinnedOpError(f"aten::{op}", "operands the pinned kernel does not take (dtype, device, rank)")
+    _stats().fallback[f"aten::{op}"] += 1
+
+
 def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if not _launchable(a, b):
-        _stats().fallback["mm"] += 1
+        _unlaunchable("mm")
         return _unpinned_mm(a, b)
-    _stats().pinned["mm"] += 1
+    _stats().aten["mm"] += 1
     return _pinned_matmul(a, b, layout="mm", num_sms=_num_sms())
 
 
@@ -80,13 +109,13 @@ def _addmm(
     n = b.shape[-1] if b.dim() == 2 else -1
     row_bias = inp.dim() == 1 or (inp.dim() == 2 and inp.shape[0] == 1)
     if not _launchable(a, b) or inp.dtype != a.dtype or inp.device != a.device:
-        _stats().fallback["addmm"] += 1
+        _unlaunchable("addmm")
         product = _unpinned_mm(a, b)
     elif beta == 1 and alpha == 1 and row_bias and inp.shape[-1] == n:
-        _stats().pinned["addmm"] += 1
+        _stats().aten["addmm"] += 1
         return _pinned_matmul(a, b, inp.reshape(n), layout="mm", num_sms=_num_sms())
     else:
-        _stats().pinned["addmm"] += 1
+        _stats().aten["addmm"] += 1
         product = _pinned_matmul(a, b, layout="mm", num_sms=_num_sms())
     if beta == 0:  # like aten: input is ignored (its NaNs too)
         return product * alpha if alpha != 1 else product
@@ -94,33 +123,52 @@ def _addmm(
 
 
 @contextmanager
-def enable(*, num_sms: int | None = None) -> Iterator[EnableStats]:
-    """Run every ``mm`` / ``addmm`` (``torch.mm``, ``torch.addmm``, ``F.linear``) batch-invariantly.
+def enable(*, strict: bool = True, num_sms: int | None = None) -> Iterator[EnableStats]:
+    """Run every op the components cover batch-invariantly, eager, in CUDA graphs and compiled.
+
+    Two layers: a torch-function mode (:class:`batchinv.fast.function_mode.PinnedOps`) answers
+    ``F.linear``, ``mm`` / ``matmul`` / ``@`` / ``bmm`` / ``addmm`` (2-D and 3-D), ``F.rms_norm``,
+    ``softmax`` / ``log_softmax`` / ``mean`` over the last dim with the ``torch.ops.batchinv``
+    operators, which ``torch.compile`` keeps as opaque calls; beneath it the aten kernels of
+    ``mm`` and ``addmm`` are overridden for the CPU and CUDA dispatch keys (calls that reach aten
+    without passing the torch-function level, e.g. from C++ composites).
 
     Parameters
     ----------
+    strict : bool, default True
+        A covered call no pinned kernel can take (dtype, device, dim, a tensor requiring grad,
+        addmm with ``beta``/``alpha``) raises
+        :class:`batchinv.fast.function_mode.UnpinnedOpError` naming the op and the reason (at
+        trace time under ``torch.compile``).  ``False``: it runs unpinned and is counted in
+        ``EnableStats.fallback``.  The default is loud, because a silently unpinned op is
+        exactly the failure this project exists to prevent.
     num_sms : int, optional
-        Passed to :func:`batchinv.fast.matmul.matmul` (the planned SM count; any value gives the
-        same bits).
+        Passed to the aten-level :func:`batchinv.fast.matmul.matmul` (any value, the same bits).
 
     Yields
     ------
     EnableStats
-        Counts of pinned and fallback calls by op.
+        Runtime counts of pinned and fallback calls by op.
 
     Notes
     -----
-    Re-entrant: a nested ``enable()`` shares the outer override (and its stats).  Rows of every
-    overridden op are bitwise invariant along M; fallback calls are not pinned.  Source: the
-    aten-override approach of vLLM's batch-invariant mode and Thinking Machines'
-    ``batch_invariant_ops``.
+    Re-entrant: a nested ``enable()`` shares the outer one (its mode, override and stats).  Ops
+    not covered (attention, embeddings, elementwise ops) run as they are: elementwise ops are
+    row-local already; attention needs the decode_attention component's operator, not yet
+    registered.  Source: the aten-override approach of vLLM's batch-invariant mode and Thinking
+    Machines' ``batch_invariant_ops``, plus a torch-function mode that ``torch.compile`` traces.
     """
     if _active:
         yield _active[0][1]
         return
+    from batchinv.fast import ops
+    from batchinv.fast.function_mode import PinnedOps
+
     lib = torch.library.Library("aten", "IMPL")
-    stats = EnableStats()
-    _active.append((lib, stats, num_sms))
+    stats = EnableStats(_start=ops.RUNTIME_CALLS.copy())
+    mode = PinnedOps(strict)
+    mode.fallback = stats.fallback
+    _active.append((lib, stats, num_sms, strict))
     try:
         with warnings.catch_warnings():
             # torch warns once that an aten kernel is overridden; that is the point here.
@@ -129,7 +177,9 @@ def enable(*, num_sms: int | None = None) -> Iterator[EnableStats]:
             for key in _DISPATCH_KEYS:
                 lib.impl("mm", _mm, key)
                 lib.impl("addmm", _addmm, key)
-        yield stats
+        with mode:
+            yield stats
     finally:
+        stats._end = ops.RUNTIME_CALLS.copy()
         _active.clear()
         lib._destroy()
