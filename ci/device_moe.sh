@@ -20,8 +20,8 @@ step() {  # step NAME CAP CMD...
 for s in $STEPS; do case $s in
   tune) step tune "${TUNE_S:-170}" $PY ci/tune_fused_moe.py ${TUNE_ARGS:-} ;;
   bench) step bench "${BENCH_S:-200}" $PY -m batchinv.harness.cli bench fused_moe --lane "$LANE" --reps 10 --out "$OUT/bench" ;;
-  pytest) step pytest "${PYTEST_S:-260}" $PY -m pytest tests/test_grouped_gemm.py tests/test_fused_moe.py tests/test_swiglu.py \
-      tests/test_components.py -k "moe or grouped_gemm or swiglu" --lane "$LANE" -n 12 -q -p no:cacheprovider -rfEx ;;
+  pytest) step pytest "${PYTEST_S:-260}" $PY -m pytest tests/test_grouped_gemm.py tests/test_fused_moe.py tests/test_swiglu.py tests/test_moe_router.py \
+      tests/test_components.py -k "moe or grouped_gemm or swiglu" --lane "$LANE" -n "${WORKERS:-12}" -q -p no:cacheprovider -rfEx ;;
   sweep) step sweep "${SWEEP_S:-200}" $PY -m batchinv.harness.cli sweep $MOE --lane "$LANE" --no-progress --report "$OUT/sweep.jsonl" ;;
 esac; done
 for s in $STEPS; do echo "== $s"; tail -${TAIL:-40} "$OUT/$s.log"; done

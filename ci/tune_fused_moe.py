@@ -31,14 +31,21 @@ def _forced(bm: int) -> Any:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--shapes", default="0,1,2")
-    parser.add_argument("--tokens", default=",".join(map(str, component.BENCH_TOKENS)))
-    parser.add_argument("--reps", type=int, default=10)
+    parser = argparse.ArgumentParser(description="GPU only: " + (__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--shapes",
+        default="0,1,2",
+        help="indices into BENCH_SHAPES: 0 Qwen3-30B-A3B, 1 DeepSeek-V3, 2 Mixtral",
+    )
+    parser.add_argument("--tokens", default=",".join(map(str, component.BENCH_TOKENS)), help="token counts T")
+    parser.add_argument("--reps", type=int, default=10, help="CUDA-graph replays per timing (median)")
     parser.add_argument(
         "--tile", action="append", default=[], help="BM:BN,WARPS,STAGES: try another tile for a block_m"
     )
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("ci/tune_fused_moe.py needs a CUDA GPU (it times CUDA graphs); none here.")
+        return 3
     device = torch.device("cuda")
     key = arch_key(device)
     for spec in args.tile:  # a tuning experiment: the tile table of this process only

@@ -332,7 +332,7 @@ def co_batch(
         pool = pools[mix]
         mixed = model.concat([alone_batch, model.take(pool, _cycled(pool.num_rows, k, g))])
         got = _rows(_call(fn, mixed), 0)
-        label = f"request {t} with {k} others" + (f" ({mix})" if mix else "")
+        label = f"request {t} with {k} other{'' if k == 1 else 's'}" + (f" ({mix})" if mix else "")
         result.record(label, compare_outputs(want, got), [t])
     return result
 

@@ -436,4 +436,4 @@ def test_a_subject_varying_only_beside_a_huge_request_is_caught_through_the_one_
 def test_a_single_request_case_still_sees_every_mix():
     one = Case("paged_sums", {"requests": 1}, seed=0)
     caught = run_check(MIXED, "long_neighbour", "co_batch", one, Lane.CPU, m_limit=2)
-    assert caught.status == "fail" and caught.where == ["request 0 with 1 others (one_huge)"]
+    assert caught.status == "fail" and caught.where == ["request 0 with 1 other (one_huge)"]
