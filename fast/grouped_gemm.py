@@ -45,10 +45,25 @@ class GroupedGemmConfig:
     num_stages: int = 3
 
     def __post_init__(self) -> None:
+        """:class:`ArgumentError` naming the field: tiles powers of two >= 16, warps a power of
+        two in 1..32, stages >= 1 (ints, not bools)."""
+        for name in ("block_m", "block_n", "block_k", "num_warps", "num_stages"):
+            value = getattr(self, name)
+            if not _is_int(value):
+                raise ArgumentError(name, "an int", value)
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
-                raise ValueError(f"{name}: expected a power of two >= 16, got {value}")
+                raise ArgumentError(name, "a power of two >= 16", value)
+        if not 1 <= self.num_warps <= 32 or self.num_warps & (self.num_warps - 1):
+            raise ArgumentError("num_warps", "a power of two in 1..32", self.num_warps)
+        if self.num_stages < 1:
+            raise ArgumentError("num_stages", "an int >= 1", self.num_stages)
+
+
+def _is_int(value: object) -> bool:
+    """A Python int that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -107,6 +122,10 @@ def select_config(arch_key: str, dtype: torch.dtype, block_m: int, n: int, k: in
     only, the tile from (arch, block_m).  :class:`ArgumentError` when the tables have none."""
     if dtype != torch.bfloat16:
         raise ArgumentError("a", "dtype bfloat16 (the grouped GEMM's table)", dtype)
+    if not isinstance(arch_key, str):
+        raise ArgumentError("arch_key", f"one of {sorted(TILES)}", arch_key)
+    if not _is_int(block_m):
+        raise ArgumentError("block_m", "an int", block_m)
     tiles = TILES.get(arch_key)
     if tiles is None:
         raise ArgumentError(
@@ -135,7 +154,13 @@ def arch_key(device: torch.device) -> str:
 
 
 def layer_block_m(device: torch.device, num_tokens: int, top_k: int, num_experts: int) -> int:
-    """The fused layer's align block for ``num_tokens`` tokens: :func:`block_m`'s schedule."""
+    """The fused layer's align block for ``num_tokens`` tokens: :func:`block_m`'s schedule.
+    :class:`ArgumentError` for a ``num_tokens`` that is not an int >= 0 or a ``top_k`` that is
+    not an int >= 1 (``num_experts``: :func:`block_m`)."""
+    if not _is_int(num_tokens) or num_tokens < 0:
+        raise ArgumentError("num_tokens", "an int >= 0", num_tokens)
+    if not _is_int(top_k) or top_k < 1:
+        raise ArgumentError("top_k", "an int >= 1", top_k)
     return block_m(device, num_rows=num_tokens * top_k, num_experts=num_experts)
 
 
@@ -151,18 +176,21 @@ def block_m(
     With ``num_rows`` (``T * top_k``, a host integer: CUDA-graph safe) and ``num_experts``: the
     :data:`SCHEDULE` by the mean rows per expert; without them: :data:`DEFAULT_BLOCK_M`.  Any
     value this returns gives the same output bits (``config_equivalence``): it only trades
-    padded rows against tile efficiency.  :class:`ArgumentError` for a dtype or device the
-    tables do not cover, or a negative ``num_rows`` / non-positive ``num_experts``.
+    padded rows against tile efficiency.  :class:`ArgumentError` naming the argument for a
+    dtype or device the tables do not cover, a ``num_rows`` that is not an int >= 0, a
+    ``num_experts`` that is not an int >= 1, or one of the two without the other.
     """
+    if dtype != torch.bfloat16:
+        raise ArgumentError("dtype", "torch.bfloat16 (the grouped GEMM's table)", dtype)
     key = arch_key(device)
-    if dtype != torch.bfloat16 or key not in TILES:
+    if key not in TILES:
         raise ArgumentError("device", f"an architecture of the grouped GEMM table ({sorted(TILES)})", key)
-    if num_rows is None:
+    if num_rows is None and num_experts is None:
         return DEFAULT_BLOCK_M[key]
-    if num_experts is None or num_experts < 1:
-        raise ArgumentError("num_experts", "a positive int with num_rows", num_experts)
-    if num_rows < 0:
-        raise ArgumentError("num_rows", "an int >= 0", num_rows)
+    if num_rows is None or not _is_int(num_rows) or num_rows < 0:
+        raise ArgumentError("num_rows", "an int >= 0 (with num_experts)", num_rows)
+    if num_experts is None or not _is_int(num_experts) or num_experts < 1:
+        raise ArgumentError("num_experts", "an int >= 1 (with num_rows)", num_experts)
     mean = num_rows / num_experts
     return next(bm for limit, bm in SCHEDULE[key] if mean <= limit)
 
@@ -316,6 +344,8 @@ def grouped_gemm(
     """
     args, cfg = checked(a, w, sorted_ids, block_expert, num_padded, top_k, a_per_slot)
     if config is not None:
+        if not isinstance(config, GroupedGemmConfig):
+            raise ArgumentError("config", "a GroupedGemmConfig", type(config).__name__)
         if config.block_m != args.block_m:
             raise ArgumentError(
                 "config", f"block_m = {args.block_m} (the align's)", f"block_m = {config.block_m}"

@@ -44,7 +44,8 @@ class BenchPoint:
 
     @property
     def share_of_floor(self) -> float | None:
-        """floor / time: 1.0 runs at the copy bandwidth (None: no floor)."""
+        """floor / time: 1.0 runs at the floor -- the copy bandwidth or the bf16 peak, whichever
+        bounds the call (None: no floor)."""
         if self.floor_microseconds is None or self.microseconds <= 0:
             return None
         return self.floor_microseconds / self.microseconds
