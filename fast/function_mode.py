@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from batchinv.fast import ops as _ops  # noqa: F401  (registers torch.ops.batchinv.*)
 from batchinv.fast.device import interpreting
 from batchinv.reference.errors import BatchinvError
 
