@@ -74,7 +74,7 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     _check_tensors(x, weight, bias)
     _need(weight.dim() == 2 and x.dim() >= 1, "a weight that is not 2-D")
     flat = x.reshape(-1, x.shape[-1])
-    out = torch.ops.batchinv.matmul(flat, weight, bias, "linear", None)
+    out = torch.ops.batchinv.matmul(flat, weight, bias, "linear", None, "ieee")
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -123,7 +123,7 @@ def _rms_norm(
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     _need(shape == (x.shape[-1],), f"normalized_shape {shape} (the kernel normalizes the last dim)")
     w = weight if weight is not None else x.new_ones(x.shape[-1])
-    return torch.ops.batchinv.rms_norm(x, w, 1e-6 if eps is None else float(eps))
+    return torch.ops.batchinv.rms_norm(x, w, 1e-6 if eps is None else float(eps), -1)
 
 
 def _softmax_like(op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -134,7 +134,7 @@ def _softmax_like(op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor
         _last_dim(x, dim)
         half = x.dtype in (torch.float16, torch.bfloat16)
         _need(dtype in (None, x.dtype) or (dtype == torch.float32 and half), f"dtype={dtype}")
-        return op(x, dtype == torch.float32 and half)
+        return op(x, -1, dtype == torch.float32 and half)
 
     return call
 
@@ -146,7 +146,7 @@ def _mean(
     if isinstance(dim, (list, tuple)) and len(dim) == 1:
         dim = dim[0]
     _last_dim(x, dim)
-    return torch.ops.batchinv.mean(x, bool(keepdim), dtype)
+    return torch.ops.batchinv.mean(x, -1, bool(keepdim), dtype)
 
 
 #: Covered op -> (its name in stats and errors, the pinned handler).

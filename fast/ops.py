@@ -7,10 +7,14 @@ compiled graph runs exactly the pinned kernel the eager call runs and gets its b
 
 Operators (``torch.ops.batchinv``):
 
-* ``matmul(x, weight, bias, layout, out_dtype)`` -- :func:`batchinv.fast.matmul.matmul`
-* ``rms_norm(x, weight, eps)`` -- :func:`batchinv.fast.rms_norm.rms_norm` over the last dim
-* ``softmax(x, half_to_float)`` / ``log_softmax(x, half_to_float)`` -- over the last dim
-* ``mean(x, keepdim, dtype)`` -- :func:`batchinv.fast.mean.mean` over the last dim
+* ``matmul(x, weight, bias, layout, out_dtype, precision)`` -- :func:`batchinv.fast.matmul.matmul`
+* ``rms_norm(x, weight, eps, dim)`` -- :func:`batchinv.fast.rms_norm.rms_norm`
+* ``softmax(x, dim, half_to_float)`` / ``log_softmax(...)`` -- :mod:`batchinv.fast.softmax`
+* ``mean(x, dim, keepdim, dtype)`` -- :func:`batchinv.fast.mean.mean`
+
+The arguments and their errors are the functions' (a dim other than the last raises their
+ArgumentError).  :data:`SUBJECTS` gives each operator with its component's fast signature (the
+registry check ``modes`` runs it eager, compiled and in a CUDA graph).
 
 Inference only: the kernels carry no autograd formula, so a call that needs a gradient raises
 (torch's own error, at trace time under ``torch.compile``).  :data:`RUNTIME_CALLS` counts the
@@ -35,6 +39,7 @@ def matmul(
     bias: torch.Tensor | None = None,
     layout: str = "linear",
     out_dtype: torch.dtype | None = None,
+    precision: str = "ieee",
 ) -> torch.Tensor:
     """:func:`batchinv.fast.matmul.matmul` (``[M, K] x W -> [M, N]``, ``layout`` "linear": W
     ``[N, K]``; "mm": ``[K, N]``) as an operator; shapes, dtypes, errors and the invariance
@@ -42,7 +47,7 @@ def matmul(
     from batchinv.fast.matmul import matmul as pinned
 
     RUNTIME_CALLS["matmul"] += 1
-    return pinned(x, weight, bias, layout=layout, out_dtype=out_dtype)
+    return pinned(x, weight, bias, layout=layout, out_dtype=out_dtype, precision=precision)
 
 
 @matmul.register_fake
@@ -52,46 +57,47 @@ def _matmul_fake(
     bias: torch.Tensor | None = None,
     layout: str = "linear",
     out_dtype: torch.dtype | None = None,
+    precision: str = "ieee",
 ) -> torch.Tensor:
     n = weight.shape[0] if layout == "linear" else weight.shape[1]
     return x.new_empty((x.shape[0], n), dtype=out_dtype or x.dtype)
 
 
 @torch.library.custom_op("batchinv::rms_norm", mutates_args=())
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """:func:`batchinv.fast.rms_norm.rms_norm` over the last dim as an operator."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1) -> torch.Tensor:
+    """:func:`batchinv.fast.rms_norm.rms_norm` as an operator."""
     from batchinv.fast.rms_norm import rms_norm as pinned
 
     RUNTIME_CALLS["rms_norm"] += 1
-    return pinned(x, weight, eps)
+    return pinned(x, weight, eps, dim)
 
 
 @rms_norm.register_fake
-def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def _softmax_fake(x: torch.Tensor, half_to_float: bool = False) -> torch.Tensor:
+def _softmax_fake(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> torch.Tensor:
     dtype = torch.float32 if half_to_float and x.dtype in (torch.float16, torch.bfloat16) else x.dtype
     return torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("batchinv::softmax", mutates_args=())
-def softmax(x: torch.Tensor, half_to_float: bool = False) -> torch.Tensor:
-    """:func:`batchinv.fast.softmax.softmax` over the last dim as an operator."""
+def softmax(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> torch.Tensor:
+    """:func:`batchinv.fast.softmax.softmax` as an operator."""
     from batchinv.fast.softmax import softmax as pinned
 
     RUNTIME_CALLS["softmax"] += 1
-    return pinned(x, -1, half_to_float)
+    return pinned(x, dim, half_to_float)
 
 
 @torch.library.custom_op("batchinv::log_softmax", mutates_args=())
-def log_softmax(x: torch.Tensor, half_to_float: bool = False) -> torch.Tensor:
-    """:func:`batchinv.fast.softmax.log_softmax` over the last dim as an operator."""
+def log_softmax(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> torch.Tensor:
+    """:func:`batchinv.fast.softmax.log_softmax` as an operator."""
     from batchinv.fast.softmax import log_softmax as pinned
 
     RUNTIME_CALLS["log_softmax"] += 1
-    return pinned(x, -1, half_to_float)
+    return pinned(x, dim, half_to_float)
 
 
 softmax.register_fake(_softmax_fake)
@@ -99,15 +105,57 @@ log_softmax.register_fake(_softmax_fake)
 
 
 @torch.library.custom_op("batchinv::mean", mutates_args=())
-def mean(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """:func:`batchinv.fast.mean.mean` over the last dim as an operator."""
+def mean(
+    x: torch.Tensor, dim: int = -1, keepdim: bool = False, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """:func:`batchinv.fast.mean.mean` as an operator."""
     from batchinv.fast.mean import mean as pinned
 
     RUNTIME_CALLS["mean"] += 1
-    return pinned(x, -1, keepdim, dtype)
+    return pinned(x, dim, keepdim, dtype)
 
 
 @mean.register_fake
-def _mean_fake(x: torch.Tensor, keepdim: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+def _mean_fake(
+    x: torch.Tensor, dim: int = -1, keepdim: bool = False, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     shape = (*x.shape[:-1], 1) if keepdim else tuple(x.shape[:-1])
     return x.new_empty(shape, dtype=dtype or x.dtype)
+
+
+# --- the operators with their components' fast signatures (the ``modes`` check's subjects) ----
+
+
+def matmul_subject(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    layout: str = "linear",
+    out_dtype: torch.dtype | None = None,
+    precision: str = "ieee",
+) -> torch.Tensor:
+    """``torch.ops.batchinv.matmul`` with :func:`batchinv.fast.matmul.matmul`'s signature."""
+    return torch.ops.batchinv.matmul(x, weight, bias, layout, out_dtype, precision)
+
+
+def rms_norm_subject(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1) -> torch.Tensor:
+    """``torch.ops.batchinv.rms_norm`` with :func:`batchinv.fast.rms_norm.rms_norm`'s signature."""
+    return torch.ops.batchinv.rms_norm(x, weight, eps, dim)
+
+
+def softmax_subject(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> torch.Tensor:
+    """``torch.ops.batchinv.softmax`` with :func:`batchinv.fast.softmax.softmax`'s signature."""
+    return torch.ops.batchinv.softmax(x, dim, half_to_float)
+
+
+def log_softmax_subject(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> torch.Tensor:
+    """``torch.ops.batchinv.log_softmax`` with :func:`batchinv.fast.softmax.log_softmax`'s signature."""
+    return torch.ops.batchinv.log_softmax(x, dim, half_to_float)
+
+
+def mean_subject(
+    x: torch.Tensor, dim: int = -1, keepdim: bool = False, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """``torch.ops.batchinv.mean`` with :func:`batchinv.fast.mean.mean`'s signature."""
+    return torch.ops.batchinv.mean(x, dim, keepdim, dtype)

@@ -249,6 +249,12 @@ def _run(
             result.status, result.detail = "skip", "the component declares no configs"
             return
         driver = invariance.config_equivalence(call, batch, _config_calls(component, batch, lane))
+    elif check == "modes":
+        fn = _mode_subject(component, subject)
+        if fn is None:
+            result.status, result.detail = "skip", "not an operator (no torch_op; a baseline without modes)"
+            return
+        driver = _modes(fn, batch, lane, m_limit)
     elif check in REQUEST_CHECKS:
         driver = _request_check(component, check, case, lane, device, call, batch, generator, result, m_limit)
     else:
@@ -299,6 +305,64 @@ def _request_check(
     result.m_cut = len(sizes) < len(lane_sizes) and any(p.num_rows > 0 for p in pools.values())
     others: Batch | dict[str, Batch] = pools[""] if "" in pools else pools
     return invariance.co_batch(call, batch, others, model, sizes, generator)
+
+
+def _mode_subject(component: Component, subject: str) -> Callable[..., Any] | None:
+    """The callable the ``modes`` check runs: the component's operator for ``fast``, the
+    baseline's ``fn`` for a baseline that opts in (``Baseline.modes``)."""
+    if subject == FAST:
+        return component.torch_op
+    baseline = component.baseline(subject)
+    return baseline.fn if baseline.modes else None
+
+
+#: ``torch.compile`` backend per lane kind: Inductor on GPU lanes; AOT autograd without code
+#: generation on the cpu lane (Inductor's C++ compile would cost seconds per case there; the
+#: cpu lane checks the tracing: fake implementations, functionalization, opaque operators).
+COMPILE_BACKEND = {True: "inductor", False: "aot_eager"}
+
+
+def _modes(fn: Callable[..., Any], batch: Batch, lane: Lane, m_limit: int | None) -> invariance.DriverResult:
+    """The ``modes`` driver's three executions of ``fn`` on ``batch``: eager, compiled
+    (``dynamic=True``, one graph for every M) and, on GPU lanes, a CUDA graph captured on the
+    batch and replayed."""
+    import torch._dynamo
+
+    def eager(b: Batch) -> Outputs:
+        with torch.no_grad(), invariance.inputs_untouched(b):
+            return as_outputs(fn(**b.kwargs()))
+
+    torch._dynamo.reset()
+    compiled_fn = torch.compile(fn, backend=COMPILE_BACKEND[lane.is_gpu], dynamic=True, fullgraph=True)
+
+    def compiled(b: Batch) -> Outputs:
+        with torch.no_grad(), invariance.inputs_untouched(b):
+            return as_outputs(compiled_fn(**b.kwargs()))
+
+    graphed = _graph_replay(fn) if lane.is_gpu else None
+    return invariance.modes(eager, compiled, graphed, batch, m_sweep(lane, m_limit))
+
+
+def _graph_replay(fn: Callable[..., Any]) -> Callable[[Batch], Outputs]:
+    """``fn`` captured in a CUDA graph on the batch's own tensors (after a warm-up on a side
+    stream), replayed once; the outputs are the graph's static outputs, cloned."""
+
+    def run(b: Batch) -> Outputs:
+        kwargs = b.kwargs()
+        with torch.no_grad():
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                fn(**kwargs)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static = as_outputs(fn(**kwargs))
+            graph.replay()
+            torch.cuda.synchronize()
+        return tuple(t.clone() for t in static)
+
+    return run
 
 
 def _config_calls(component: Component, batch: Batch, lane: Lane) -> dict[str, Callable[[Batch], Outputs]]:

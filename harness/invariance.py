@@ -263,6 +263,30 @@ def config_equivalence(fn: Impl, batch: Batch, variants: Mapping[str, Impl]) -> 
     return result
 
 
+def modes(
+    eager: Impl,
+    compiled: Impl,
+    graphed: Impl | None,
+    batch: Batch,
+    ms: Sequence[int],
+) -> DriverResult:
+    """The same bits in every execution mode: ``compiled(batch)`` (``torch.compile``) and
+    ``graphed(batch)`` (CUDA-graph replay, GPU lanes) equal ``eager(batch)``, and in the compiled
+    graph ``compiled(batch[:M])`` equals ``compiled(batch)[:M]`` for each M in ``ms`` below the
+    row count (a compiled graph must not freeze a shape-dependent choice at trace time)."""
+    result = DriverResult(vacuous="no other execution mode on this lane")
+    want = _call(eager, batch)
+    full = _call(compiled, batch)
+    result.record("compiled", compare_outputs(want, full))
+    if graphed is not None:
+        result.record("cuda graph", compare_outputs(want, _call(graphed, batch)))
+    for m in ms:
+        if m < batch.num_rows:
+            part = _call(compiled, batch.take(slice(0, m)))
+            result.record(f"compiled M={m}", compare_outputs(_rows(full, slice(0, m)), part))
+    return result
+
+
 # --- request-level drivers --------------------------------------------------------------------
 
 

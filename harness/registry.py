@@ -162,6 +162,9 @@ class Baseline:
         accepts_partition: ``fn`` takes the component's partition keyword.
         timed: ``batchinv bench`` times it beside the fast kernel (False: a construction for
             negative controls only, e.g. one that syncs with the host, not a production path).
+        modes: the ``modes`` check runs ``fn`` too (eager vs ``torch.compile`` vs CUDA graph):
+            a torch path whose compiled kernels may differ from its eager ones, the negative
+            control of ``modes``.
     """
 
     name: str
@@ -172,6 +175,7 @@ class Baseline:
     env: Mapping[str, str] | None = None
     accepts_partition: bool = False
     timed: bool = True
+    modes: bool = False
 
     @property
     def is_pin_candidate(self) -> bool:
@@ -239,8 +243,11 @@ REQUEST_CHECKS: tuple[str, ...] = ("co_batch", "slot", "placement")
 #: The checks of components with several executions (``Component.configs``): every config the
 #: launcher may pick gives the shipped one's bits.
 CONFIG_CHECKS: tuple[str, ...] = ("config_equivalence",)
+#: The checks of components with a torch operator (``Component.torch_op``): eager, compiled and
+#: CUDA-graph runs give the same bits, and rows stay invariant along M in the compiled graph.
+MODE_CHECKS: tuple[str, ...] = ("modes",)
 #: Every invariance check, in sweep order.
-INVARIANCE_CHECKS: tuple[str, ...] = (*ROW_CHECKS, *REQUEST_CHECKS, *CONFIG_CHECKS)
+INVARIANCE_CHECKS: tuple[str, ...] = (*ROW_CHECKS, *REQUEST_CHECKS, *CONFIG_CHECKS, *MODE_CHECKS)
 CHECKS: tuple[str, ...] = ("agreement", *INVARIANCE_CHECKS)
 
 #: Co-batch sizes (other requests sharing the launch) of the co_batch check; ``--max-m`` cuts them.
@@ -349,6 +356,8 @@ class Component:
             (batch_prefix, position, row_start) would compare things the contract never
             promised equal.  It can only narrow: "row_start" still needs ``shift_row_start``,
             "partition" ``partition_arg``, the request checks ``requests``.
+        torch_op: the component's ``torch.ops.batchinv`` operator behind the fast signature
+            (:mod:`batchinv.fast.ops`): the subject of the ``modes`` check.  None: no operator.
         configs: ``configs(batch, lane) -> {name: fn}``: every other execution the launcher may
             choose for the batch's problem class (weight shape, dtype) on ``lane`` -- each tile
             config of a table row, each num_warps / num_stages variant, a split grid -- as a
@@ -384,6 +393,7 @@ class Component:
     requests: RequestModel | None = None
     checks: tuple[str, ...] | None = None
     configs: Callable[[Batch, Lane], Mapping[str, Callable[..., Any]]] | None = None
+    torch_op: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         if self.checks is not None:
@@ -422,12 +432,15 @@ class Component:
 
     def _derived_checks(self) -> tuple[str, ...]:
         configs = CONFIG_CHECKS if self.configs is not None else ()
+        modes = MODE_CHECKS if self.torch_op is not None else ()
         if self.requests is not None:
             partition = ("partition",) if self.partition_arg is not None else ()
-            return ("agreement", *REQUEST_CHECKS, *partition, "repeat", *configs)
+            return ("agreement", *REQUEST_CHECKS, *partition, "repeat", *configs, *modes)
         skip = set(REQUEST_CHECKS)
         if self.configs is None:
             skip.update(CONFIG_CHECKS)
+        if self.torch_op is None:
+            skip.update(MODE_CHECKS)
         if self.shift_row_start is None:
             skip.add("row_start")
         if self.partition_arg is None:

@@ -40,9 +40,11 @@ class _OnlyChecks(Component):
         return tuple(c for c in super().applicable_checks() if c in self.only)
 
 
-def _sweep(component: Component, subject: object, checks: Sequence[str]) -> SweepOutcome:
+def _sweep(
+    component: Component, subject: object, checks: Sequence[str], replaces: str = "fast"
+) -> SweepOutcome:
     fields = {f.name: getattr(component, f.name) for f in dataclasses.fields(component)}
-    restricted = _OnlyChecks(**{**fields, "fast": subject}, only=tuple(checks))
+    restricted = _OnlyChecks(**{**fields, replaces: subject}, only=tuple(checks))
     assert set(checks) <= set(restricted.applicable_checks()), checks
     return run_sweep([restricted], Lane.CPU, include_baselines=False)
 
@@ -55,7 +57,7 @@ def _summary(outcome: SweepOutcome) -> str:
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
 def test_the_cpu_sweep_catches_the_mutant(mutant: Mutant) -> None:
     component = get(mutant.component)
-    outcome = _sweep(component, mutant.build(), mutant.caught_by)
+    outcome = _sweep(component, mutant.build(), mutant.caught_by, mutant.replaces)
     errors = [f for f in outcome.failures if f.status == "error"]
     assert not errors, f"{mutant.name} crashed (not a detection):\n{_summary(outcome)}"
     assert not outcome.ok, f"{mutant.name} ({mutant.regression}) passed the cpu sweep"

@@ -38,12 +38,12 @@ def _calls(t: dict[str, torch.Tensor]) -> list[tuple[object, tuple[object, ...]]
     return [
         (bo.matmul, (t["x"], t["w"], t["b"], "linear", None)),
         (bo.matmul, (t["x"], t["w"].T.contiguous(), None, "mm", torch.float32)),
-        (bo.rms_norm, (t["w"], t["g"].new_ones(64), 1e-6)),
-        (bo.softmax, (t["x"], False)),
-        (bo.softmax, (t["x"], True)),
-        (bo.log_softmax, (t["x"], False)),
-        (bo.mean, (t["x"], False, None)),
-        (bo.mean, (t["x"], True, torch.float32)),
+        (bo.rms_norm, (t["w"], t["g"].new_ones(64), 1e-6, -1)),
+        (bo.softmax, (t["x"], -1, False)),
+        (bo.softmax, (t["x"], -1, True)),
+        (bo.log_softmax, (t["x"], 1, False)),
+        (bo.mean, (t["x"], -1, False, None)),
+        (bo.mean, (t["x"], 1, True, torch.float32)),
     ]
 
 
@@ -59,8 +59,8 @@ def test_operators_pass_opcheck():
 def _layer(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
     bo = torch.ops.batchinv
     h = bo.matmul(x, w, b, "linear", None)
-    n = bo.rms_norm(h, g, 1e-6)
-    return bo.softmax(n, False), bo.log_softmax(n, True), bo.mean(n, True, torch.float32)
+    n = bo.rms_norm(h, g, 1e-6, -1)
+    return bo.softmax(n, -1, False), bo.log_softmax(n, -1, True), bo.mean(n, -1, True, torch.float32)
 
 
 @any_lane
@@ -98,3 +98,17 @@ def test_inductor_does_not_lower_the_operators():
     text = "\n".join(code)
     for name in ("matmul", "rms_norm", "softmax", "log_softmax", "mean"):
         assert f"torch.ops.batchinv.{name}.default" in text, name
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_modes_check_finds_torch_softmax_compiled_by_inductor_differs():
+    # the modes check has teeth on a GPU: aten's softmax and Inductor's compiled softmax sum a
+    # row in other orders (the negative control's other checks stop it before modes reaches it)
+    from batchinv.harness.checks import run_check
+    from batchinv.harness.registry import get
+
+    comp = get("softmax")
+    lane = current_lane()
+    statuses = [run_check(comp, "torch_native", "modes", case, lane).status for case in comp.cases(lane)]
+    assert "fail" in statuses, statuses

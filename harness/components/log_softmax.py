@@ -7,6 +7,7 @@ baselines' formulas differ.  The cpu lane runs fewer cases: the reduction is sof
 
 from __future__ import annotations
 
+from batchinv.fast import ops
 from batchinv.fast.softmax import log_softmax as fast_log_softmax
 from batchinv.fast.softmax_baselines import (
     torch_native_log_softmax,
@@ -48,4 +49,5 @@ COMPONENT = Component(
     error_cases=error_cases_for,
     strategy=lambda lane, device: strategy_for(NAME, lane, device),
     bench_cases=lambda lane: bench_cases_for(NAME, lane, vocabs=(151936,)),
+    torch_op=ops.log_softmax_subject,
 )

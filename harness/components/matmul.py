@@ -29,6 +29,7 @@ import torch
 
 from batchinv.fast import matmul as fast_matmul
 from batchinv.fast import matmul_baselines as bl
+from batchinv.fast import ops
 from batchinv.harness.bitpatterns import catalogue, inject, relu_plateau
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import (
@@ -505,4 +506,5 @@ COMPONENT = Component(
     strategy=_strategy,
     bench_cases=bench_cases,
     configs=configs,
+    torch_op=ops.matmul_subject,
 )

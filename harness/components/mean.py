@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from batchinv.fast import ops
 from batchinv.fast.device import arch
 from batchinv.fast.mean import COMBINE_LOSS, mean_config, reduction_depth
 from batchinv.fast.mean import mean as fast_mean
@@ -437,8 +438,10 @@ COMPONENT = Component(
             "torch_native",
             torch_native_mean,
             "torch.mean: its CUDA reduction picks threads per output and the split across blocks from "
-            "the number of output rows; on the CPU each short row is summed serially (GPU lanes only)",
+            "the number of output rows; on the CPU each short row is summed serially (GPU lanes only); "
+            "also the negative control of modes: torch.compile lowers it to Inductor's own reduction",
             expected_to_vary_on=GPU_LANES,
+            modes=True,
         ),
         Baseline(
             "triton_rows_heuristic",
@@ -464,4 +467,5 @@ COMPONENT = Component(
     error_cases=error_cases,
     strategy=strategy,
     bench_cases=bench_cases,
+    torch_op=ops.mean_subject,
 )

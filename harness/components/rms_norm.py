@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from batchinv.fast import ops
 from batchinv.fast import rms_norm as fast
 from batchinv.fast import rms_norm_baselines as baselines
 from batchinv.harness.bitpatterns import catalogue, inject
@@ -462,9 +463,11 @@ COMPONENT = Component(
             fn=baselines.rms_norm_torch,
             why=(
                 "torch.nn.functional.rms_norm: on CUDA the vectorized kernel runs only for 16-byte "
-                "aligned pointers, another tiling otherwise (row_start); CPU kernels are row-local"
+                "aligned pointers, another tiling otherwise (row_start); CPU kernels are row-local; also "
+                "the negative control of modes: torch.compile lowers it to Inductor's own reduction"
             ),
             expected_to_vary_on=GPU_LANES,
+            modes=True,
         ),
     ),
     cases=make_cases("rms_norm", fused=False),
@@ -479,4 +482,5 @@ COMPONENT = Component(
     partition_arg=None,
     strategy=make_strategy("rms_norm", fused=False),
     bench_cases=make_bench_cases("rms_norm"),
+    torch_op=ops.rms_norm_subject,
 )

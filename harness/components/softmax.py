@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from batchinv.fast import ops
 from batchinv.fast.device import arch
 from batchinv.fast.softmax import reduction_depth, softmax_config
 from batchinv.fast.softmax import softmax as fast_softmax
@@ -514,8 +515,10 @@ def baselines_for(
             "vectorized reduction at the row's 16-byte misalignment ('shift'): for a row length that "
             "is not a multiple of 16 bytes (the odd vocabulary 50257) the shift, hence the order of "
             "the sum, changes with the row's position in the batch; on the CPU each row is reduced "
-            "alone (GPU lanes only)",
+            "alone (GPU lanes only); also the negative control of modes: torch.compile lowers it to "
+            "Inductor's own reduction",
             expected_to_vary_on=GPU_LANES,
+            modes=True,
         ),
         Baseline(
             "torch_sum",
@@ -553,4 +556,5 @@ COMPONENT = Component(
     error_cases=error_cases_for,
     strategy=lambda lane, device: strategy_for(NAME, lane, device),
     bench_cases=lambda lane: bench_cases_for(NAME, lane),
+    torch_op=ops.softmax_subject,
 )

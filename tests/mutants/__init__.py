@@ -33,6 +33,8 @@ class Mutant:
         caught_by: the checks that must fail on the cpu-lane sweep.
         every_case: where given, every cpu case for which it is true must fail ``caught_by``
             (for the precision downgrades: every case of their dtype).
+        replaces: the component field the subject stands in for: ``fast``, or ``torch_op`` (the
+            operator the ``modes`` check runs).
     """
 
     name: str
@@ -41,6 +43,7 @@ class Mutant:
     regression: str
     caught_by: tuple[str, ...]
     every_case: Callable[[Case], bool] | None = None
+    replaces: str = "fast"
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -272,5 +275,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "the layer's router keeps the higher group id first among equal group scores",
         ("agreement",),
         every_case=lambda case: case.axes["values"] == "ties",
+    ),
+    Mutant(
+        "softmax_operator_unpinned_when_compiled",
+        "softmax",
+        kernels.softmax_operator_unpinned_when_compiled,
+        "the operator answers torch.softmax while torch.compile traces it (a compiled graph that "
+        "leaves the pinned kernel, as aten overrides do under Inductor)",
+        ("modes",),
+        replaces="torch_op",
     ),
 )

@@ -414,3 +414,17 @@ def fused_moe_expert_ties_to_higher_id() -> Callable[..., Any]:
 
 def fused_moe_group_ties_to_higher_id() -> Callable[..., Any]:
     return _fused_moe_with_router(_moe_router_subject(_moe_router_group_ties_to_higher_id_kernel()))
+
+
+# --- operators (the modes check) ----------------------------------------------------------------
+
+
+def softmax_operator_unpinned_when_compiled() -> Callable[..., Any]:
+    import torch
+
+    def subject(x: Any, dim: int = -1, half_to_float: bool = False) -> Any:
+        if torch.compiler.is_compiling():
+            return torch.softmax(x, dim, dtype=torch.float32 if half_to_float else None)
+        return torch.ops.batchinv.softmax(x, dim, half_to_float)
+
+    return subject
