@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -336,7 +337,9 @@ def _modes(fn: Callable[..., Any], batch: Batch, lane: Lane, m_limit: int | None
     compiled_fn = torch.compile(fn, backend=COMPILE_BACKEND[lane.is_gpu], dynamic=True, fullgraph=True)
 
     def compiled(b: Batch) -> Outputs:
-        with torch.no_grad(), invariance.inputs_untouched(b):
+        with torch.no_grad(), invariance.inputs_untouched(b), warnings.catch_warnings():
+            # Inductor's first call imports torch.jit pieces that warn of their own deprecation
+            warnings.simplefilter("ignore", DeprecationWarning)
             return as_outputs(compiled_fn(**b.kwargs()))
 
     graphed = _graph_replay(fn) if lane.is_gpu else None
