@@ -337,13 +337,14 @@ def _modes(fn: Callable[..., Any], batch: Batch, lane: Lane, m_limit: int | None
     compiled_fn = torch.compile(fn, backend=COMPILE_BACKEND[lane.is_gpu], dynamic=True, fullgraph=True)
 
     def compiled(b: Batch) -> Outputs:
-        with torch.no_grad(), invariance.inputs_untouched(b), warnings.catch_warnings():
-            # Inductor's first call imports torch.jit pieces that warn of their own deprecation
-            warnings.simplefilter("ignore", DeprecationWarning)
+        with torch.no_grad(), invariance.inputs_untouched(b):
             return as_outputs(compiled_fn(**b.kwargs()))
 
     graphed = _graph_replay(fn) if lane.is_gpu else None
-    return invariance.modes(eager, compiled, graphed, batch, m_sweep(lane, m_limit))
+    with warnings.catch_warnings():
+        # Inductor imports torch.jit pieces that warn of their own deprecation (pytest: errors)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return invariance.modes(eager, compiled, graphed, batch, m_sweep(lane, m_limit))
 
 
 def _graph_replay(fn: Callable[..., Any]) -> Callable[[Batch], Outputs]:
