@@ -327,23 +327,23 @@ def _modes(fn: Callable[..., Any], batch: Batch, lane: Lane, m_limit: int | None
     """The ``modes`` driver's three executions of ``fn`` on ``batch``: eager, compiled
     (``dynamic=True``, one graph for every M) and, on GPU lanes, a CUDA graph captured on the
     batch and replayed."""
-    import torch._dynamo
-
-    def eager(b: Batch) -> Outputs:
-        with torch.no_grad(), invariance.inputs_untouched(b):
-            return as_outputs(fn(**b.kwargs()))
-
-    torch._dynamo.reset()
-    compiled_fn = torch.compile(fn, backend=COMPILE_BACKEND[lane.is_gpu], dynamic=True, fullgraph=True)
-
-    def compiled(b: Batch) -> Outputs:
-        with torch.no_grad(), invariance.inputs_untouched(b):
-            return as_outputs(compiled_fn(**b.kwargs()))
-
-    graphed = _graph_replay(fn) if lane.is_gpu else None
     with warnings.catch_warnings():
         # Inductor imports torch.jit pieces that warn of their own deprecation (pytest: errors)
         warnings.simplefilter("ignore", DeprecationWarning)
+        import torch._dynamo
+
+        def eager(b: Batch) -> Outputs:
+            with torch.no_grad(), invariance.inputs_untouched(b):
+                return as_outputs(fn(**b.kwargs()))
+
+        torch._dynamo.reset()
+        compiled_fn = torch.compile(fn, backend=COMPILE_BACKEND[lane.is_gpu], dynamic=True, fullgraph=True)
+
+        def compiled(b: Batch) -> Outputs:
+            with torch.no_grad(), invariance.inputs_untouched(b):
+                return as_outputs(compiled_fn(**b.kwargs()))
+
+        graphed = _graph_replay(fn) if lane.is_gpu else None
         return invariance.modes(eager, compiled, graphed, batch, m_sweep(lane, m_limit))
 
 
