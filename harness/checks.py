@@ -255,7 +255,7 @@ def _run(
         if fn is None:
             result.status, result.detail = "skip", "not an operator (no torch_op; a baseline without modes)"
             return
-        driver = _modes(fn, batch, lane, m_limit)
+        driver = _modes(fn, batch, lane, m_limit, fullgraph=subject == FAST)
     elif check in REQUEST_CHECKS:
         driver = _request_check(component, check, case, lane, device, call, batch, generator, result, m_limit)
     else:
@@ -323,10 +323,13 @@ def _mode_subject(component: Component, subject: str) -> Callable[..., Any] | No
 COMPILE_BACKEND = {True: "inductor", False: "aot_eager"}
 
 
-def _modes(fn: Callable[..., Any], batch: Batch, lane: Lane, m_limit: int | None) -> invariance.DriverResult:
+def _modes(
+    fn: Callable[..., Any], batch: Batch, lane: Lane, m_limit: int | None, *, fullgraph: bool
+) -> invariance.DriverResult:
     """The ``modes`` driver's three executions of ``fn`` on ``batch``: eager, compiled
-    (``dynamic=True``, one graph for every M) and, on GPU lanes, a CUDA graph captured on the
-    batch and replayed."""
+    (``dynamic=True``, one graph for every M; ``fullgraph`` for the operators, which must not
+    break a graph; a baseline compiles as production code does, graph breaks allowed) and, on GPU
+    lanes, a CUDA graph captured on the batch and replayed."""
     with warnings.catch_warnings():
         # Inductor imports torch.jit pieces that warn of their own deprecation (pytest: errors)
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -337,7 +340,9 @@ def _modes(fn: Callable[..., Any], batch: Batch, lane: Lane, m_limit: int | None
                 return as_outputs(fn(**b.kwargs()))
 
         torch._dynamo.reset()
-        compiled_fn = torch.compile(fn, backend=COMPILE_BACKEND[lane.is_gpu], dynamic=True, fullgraph=True)
+        compiled_fn = torch.compile(
+            fn, backend=COMPILE_BACKEND[lane.is_gpu], dynamic=True, fullgraph=fullgraph
+        )
 
         def compiled(b: Batch) -> Outputs:
             with torch.no_grad(), invariance.inputs_untouched(b):
