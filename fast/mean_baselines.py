@@ -30,6 +30,13 @@ def torch_native_mean(
 ) -> torch.Tensor:
     """``torch.mean(x, dim, keepdim, dtype=dtype)``."""
     check_mean_args(x, dim, keepdim, dtype)
+    return torch_mean_unchecked(x, dim, keepdim, dtype)
+
+
+def torch_mean_unchecked(
+    x: torch.Tensor, dim: int = -1, keepdim: bool = False, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """:func:`torch_native_mean` without the argument checks (the ``modes`` check's)."""
     return torch.mean(x, dim=dim, keepdim=keepdim, dtype=dtype)
 
 

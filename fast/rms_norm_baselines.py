@@ -65,6 +65,13 @@ def fused_add_rms_norm_rows_block(
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1) -> torch.Tensor:
     """``torch.nn.functional.rms_norm`` over the last dimension (the native op)."""
     check_rms_norm_args(x, weight, eps, dim)
+    return rms_norm_torch_unchecked(x, weight, eps, dim)
+
+
+def rms_norm_torch_unchecked(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1
+) -> torch.Tensor:
+    """:func:`rms_norm_torch` without the argument checks (the ``modes`` check's)."""
     return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, float(eps))
 
 

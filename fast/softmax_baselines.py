@@ -32,12 +32,23 @@ WIDE_LIMIT = 16384
 def torch_native_softmax(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> torch.Tensor:
     """``torch.softmax`` (``aten::_softmax(x, dim, half_to_float)`` on CUDA)."""
     check_softmax_args(x, dim, half_to_float)
+    return torch_softmax_unchecked(x, dim, half_to_float)
+
+
+def torch_softmax_unchecked(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> torch.Tensor:
+    """:func:`torch_native_softmax` without the argument checks (what ``torch.compile`` traces
+    in the ``modes`` check: Dynamo does not trace the checks)."""
     return torch.softmax(x, dim=dim, dtype=torch.float32 if half_to_float else None)
 
 
 def torch_native_log_softmax(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> torch.Tensor:
     """``torch.log_softmax`` (``aten::_log_softmax(x, dim, half_to_float)`` on CUDA)."""
     check_softmax_args(x, dim, half_to_float)
+    return torch_log_softmax_unchecked(x, dim, half_to_float)
+
+
+def torch_log_softmax_unchecked(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> torch.Tensor:
+    """:func:`torch_native_log_softmax` without the argument checks (the ``modes`` check's)."""
     return torch.log_softmax(x, dim=dim, dtype=torch.float32 if half_to_float else None)
 
 

@@ -313,8 +313,7 @@ def _mode_subject(component: Component, subject: str) -> Callable[..., Any] | No
     baseline's ``fn`` for a baseline that opts in (``Baseline.modes``)."""
     if subject == FAST:
         return component.torch_op
-    baseline = component.baseline(subject)
-    return baseline.fn if baseline.modes else None
+    return component.baseline(subject).modes
 
 
 #: ``torch.compile`` backend per lane kind: Inductor on GPU lanes; AOT autograd without code

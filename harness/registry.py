@@ -162,9 +162,10 @@ class Baseline:
         accepts_partition: ``fn`` takes the component's partition keyword.
         timed: ``batchinv bench`` times it beside the fast kernel (False: a construction for
             negative controls only, e.g. one that syncs with the host, not a production path).
-        modes: the ``modes`` check runs ``fn`` too (eager vs ``torch.compile`` vs CUDA graph):
-            a torch path whose compiled kernels may differ from its eager ones, the negative
-            control of ``modes``.
+        modes: the baseline's torch path without its argument checks (Dynamo does not trace
+            them), which the ``modes`` check runs eager, compiled and in a CUDA graph: a torch
+            path whose compiled kernels may differ from its eager ones, the negative control of
+            ``modes``.  None: the check skips this baseline.
     """
 
     name: str
@@ -175,7 +176,7 @@ class Baseline:
     env: Mapping[str, str] | None = None
     accepts_partition: bool = False
     timed: bool = True
-    modes: bool = False
+    modes: Callable[..., Any] | None = None
 
     @property
     def is_pin_candidate(self) -> bool:

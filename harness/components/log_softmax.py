@@ -10,6 +10,7 @@ from __future__ import annotations
 from batchinv.fast import ops
 from batchinv.fast.softmax import log_softmax as fast_log_softmax
 from batchinv.fast.softmax_baselines import (
+    torch_log_softmax_unchecked,
     torch_native_log_softmax,
     torch_sum_log_softmax,
     triton_rows_heuristic_log_softmax,
@@ -38,7 +39,11 @@ COMPONENT = Component(
     reference=reference_log_softmax,
     fast=fast_log_softmax,
     baselines=baselines_for(
-        "log_softmax", torch_native_log_softmax, torch_sum_log_softmax, triton_rows_heuristic_log_softmax
+        "log_softmax",
+        torch_native_log_softmax,
+        torch_sum_log_softmax,
+        triton_rows_heuristic_log_softmax,
+        torch_log_softmax_unchecked,
     ),
     cases=lambda lane: cases_for(NAME, lane, short=True),
     build=build,

@@ -38,7 +38,7 @@ from batchinv.fast import ops
 from batchinv.fast.device import arch
 from batchinv.fast.mean import COMBINE_LOSS, mean_config, reduction_depth
 from batchinv.fast.mean import mean as fast_mean
-from batchinv.fast.mean_baselines import torch_native_mean, triton_rows_heuristic_mean
+from batchinv.fast.mean_baselines import torch_mean_unchecked, torch_native_mean, triton_rows_heuristic_mean
 from batchinv.harness.components.softmax import (
     FTZ_FLOOR,
     LAYOUTS,
@@ -441,7 +441,7 @@ COMPONENT = Component(
             "the number of output rows; on the CPU each short row is summed serially (GPU lanes only); "
             "also the negative control of modes: torch.compile lowers it to Inductor's own reduction",
             expected_to_vary_on=GPU_LANES,
-            modes=True,
+            modes=torch_mean_unchecked,
         ),
         Baseline(
             "triton_rows_heuristic",

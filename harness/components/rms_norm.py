@@ -467,7 +467,7 @@ COMPONENT = Component(
                 "the negative control of modes: torch.compile lowers it to Inductor's own reduction"
             ),
             expected_to_vary_on=GPU_LANES,
-            modes=True,
+            modes=baselines.rms_norm_torch_unchecked,
         ),
     ),
     cases=make_cases("rms_norm", fused=False),
