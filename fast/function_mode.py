@@ -54,8 +54,8 @@ def _need(ok: bool, reason: str) -> None:
 
 def _check_tensors(*tensors: torch.Tensor | None) -> None:
     present = [t for t in tensors if t is not None]
-    first = present[0]
     _need(all(isinstance(t, torch.Tensor) for t in present), "a non-tensor operand")
+    first = present[0]
     _need(first.dtype in _DTYPES, f"dtype {first.dtype} (the kernels take bf16, fp16, fp32)")
     _need(all(t.dtype == first.dtype for t in present), "operands of different dtypes")
     _need(all(t.device == first.device for t in present), "operands on different devices")
