@@ -96,6 +96,11 @@ def _unlaunchable(op: str) -> None:
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    with torch._C.DisableTorchFunction():  # the enable() mode must not route our own calls
+        return _mm_body(a, b)
+
+
+def _mm_body(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if not _launchable(a, b):
         _unlaunchable("mm")
         return _unpinned_mm(a, b)
@@ -106,6 +111,11 @@ def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _addmm(
     inp: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
 ) -> torch.Tensor:
+    with torch._C.DisableTorchFunction():  # the enable() mode must not route our own calls
+        return _addmm_body(inp, a, b, beta, alpha)
+
+
+def _addmm_body(inp: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: Any, alpha: Any) -> torch.Tensor:
     n = b.shape[-1] if b.dim() == 2 else -1
     row_bias = inp.dim() == 1 or (inp.dim() == 2 and inp.shape[0] == 1)
     if not _launchable(a, b) or inp.dtype != a.dtype or inp.device != a.device:

@@ -25,11 +25,19 @@ when it is traced (fake tensors do not reach the kernels).
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import torch
 
 #: Calls that ran a pinned kernel (not traces), by operator name; callers reset or diff it.
 RUNTIME_CALLS: Counter[str] = Counter()
+
+
+def _unrouted() -> Any:
+    """A context without torch-function handling: inside an operator's kernel call no
+    ``enable()`` mode may route the launcher's own torch calls (a compiled graph runs the
+    operators with the mode still on the stack)."""
+    return torch._C.DisableTorchFunction()
 
 
 @torch.library.custom_op("batchinv::matmul", mutates_args=())
@@ -47,7 +55,8 @@ def matmul(
     from batchinv.fast.matmul import matmul as pinned
 
     RUNTIME_CALLS["matmul"] += 1
-    return pinned(x, weight, bias, layout=layout, out_dtype=out_dtype, precision=precision)
+    with _unrouted():
+        return pinned(x, weight, bias, layout=layout, out_dtype=out_dtype, precision=precision)
 
 
 @matmul.register_fake
@@ -69,7 +78,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int 
     from batchinv.fast.rms_norm import rms_norm as pinned
 
     RUNTIME_CALLS["rms_norm"] += 1
-    return pinned(x, weight, eps, dim)
+    with _unrouted():
+        return pinned(x, weight, eps, dim)
 
 
 @rms_norm.register_fake
@@ -88,7 +98,8 @@ def softmax(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> torc
     from batchinv.fast.softmax import softmax as pinned
 
     RUNTIME_CALLS["softmax"] += 1
-    return pinned(x, dim, half_to_float)
+    with _unrouted():
+        return pinned(x, dim, half_to_float)
 
 
 @torch.library.custom_op("batchinv::log_softmax", mutates_args=())
@@ -97,7 +108,8 @@ def log_softmax(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> 
     from batchinv.fast.softmax import log_softmax as pinned
 
     RUNTIME_CALLS["log_softmax"] += 1
-    return pinned(x, dim, half_to_float)
+    with _unrouted():
+        return pinned(x, dim, half_to_float)
 
 
 softmax.register_fake(_softmax_fake)
@@ -112,7 +124,8 @@ def mean(
     from batchinv.fast.mean import mean as pinned
 
     RUNTIME_CALLS["mean"] += 1
-    return pinned(x, dim, keepdim, dtype)
+    with _unrouted():
+        return pinned(x, dim, keepdim, dtype)
 
 
 @mean.register_fake
