@@ -309,8 +309,8 @@ def _request_check(
 
 
 def _mode_subject(component: Component, subject: str) -> Callable[..., Any] | None:
-    """The callable the ``modes`` check runs: the component's operator for ``fast``, the
-    baseline's ``fn`` for a baseline that opts in (``Baseline.modes``)."""
+    """The callable the ``modes`` check runs: the component's operator for ``fast``, a
+    baseline's unchecked torch path (``Baseline.modes``) for a baseline; None: skip."""
     if subject == FAST:
         return component.torch_op
     return component.baseline(subject).modes
