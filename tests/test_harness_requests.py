@@ -215,6 +215,7 @@ def test_the_request_checks_follow_the_row_checks_and_apply_only_to_request_leve
         "slot",
         "placement",
         "config_equivalence",
+        "modes",
     )
     assert set(REQUEST_CHECKS) <= set(INVARIANCE_CHECKS)
     assert TOY.applicable_checks() == ("agreement", "co_batch", "slot", "placement", "repeat")
