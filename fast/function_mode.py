@@ -139,6 +139,10 @@ def _softmax_like(op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor
     return call
 
 
+_softmax = _softmax_like(torch.ops.batchinv.softmax)
+_log_softmax = _softmax_like(torch.ops.batchinv.log_softmax)
+
+
 def _mean(
     x: torch.Tensor, dim: Any = None, keepdim: bool = False, *, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
@@ -163,12 +167,12 @@ HANDLERS: dict[Callable[..., Any], tuple[str, Callable[..., torch.Tensor]]] = {
     torch.Tensor.addmm: ("addmm", _addmm),
     F.rms_norm: ("rms_norm", _rms_norm),
     torch.rms_norm: ("rms_norm", _rms_norm),  # what Dynamo sees of F.rms_norm when it inlines it
-    F.softmax: ("softmax", _softmax_like(torch.ops.batchinv.softmax)),
-    torch.softmax: ("softmax", _softmax_like(torch.ops.batchinv.softmax)),
-    torch.Tensor.softmax: ("softmax", _softmax_like(torch.ops.batchinv.softmax)),
-    F.log_softmax: ("log_softmax", _softmax_like(torch.ops.batchinv.log_softmax)),
-    torch.log_softmax: ("log_softmax", _softmax_like(torch.ops.batchinv.log_softmax)),
-    torch.Tensor.log_softmax: ("log_softmax", _softmax_like(torch.ops.batchinv.log_softmax)),
+    F.softmax: ("softmax", _softmax),
+    torch.softmax: ("softmax", _softmax),
+    torch.Tensor.softmax: ("softmax", _softmax),
+    F.log_softmax: ("log_softmax", _log_softmax),
+    torch.log_softmax: ("log_softmax", _log_softmax),
+    torch.Tensor.log_softmax: ("log_softmax", _log_softmax),
     torch.mean: ("mean", _mean),
     torch.Tensor.mean: ("mean", _mean),
 }

@@ -99,18 +99,20 @@ BLOCK_K_RULES: tuple[_BlockKRule, ...] = (
 #: each.  Which one the layer uses is :func:`block_m`'s schedule; all of them give the same bits
 #: (``config_equivalence``).  sm90 rows follow the shape of vLLM's tuned H200 configs (BLOCK_N
 #: 64 at decode for more programs, wider tiles and 8 warps at thousands of rows).
+_SM90_TILES = {16: Tile(64, 4, 5), 32: Tile(128, 4, 4), 64: Tile(128, 4, 3), 128: Tile(256, 8, 4)}
 TILES: dict[str, dict[int, Tile]] = {
     "interp": {16: Tile(64, 4, 3), 32: Tile(32, 4, 3)},
-    "sm90": {16: Tile(64, 4, 5), 32: Tile(128, 4, 4), 64: Tile(128, 4, 3), 128: Tile(256, 8, 4)},
-    "sm100": {16: Tile(64, 4, 5), 32: Tile(128, 4, 4), 64: Tile(128, 4, 3), 128: Tile(256, 8, 4)},
+    "sm90": _SM90_TILES,
+    "sm100": _SM90_TILES,  # untuned: sm90's rows, never run on a Blackwell part
 }
 
 #: The schedule: ``(mean rows per expert at most, block_m)``, first match wins; the mean is
 #: ``T * top_k / E``.  The interpreter always takes 16 (fewest wasted rows per program).
+_SM90_SCHEDULE: tuple[tuple[float, int], ...] = ((0.5, 16), (16.0, 64), (math.inf, 128))
 SCHEDULE: dict[str, tuple[tuple[float, int], ...]] = {
     "interp": ((math.inf, 16),),
-    "sm90": ((0.5, 16), (16.0, 64), (math.inf, 128)),
-    "sm100": ((0.5, 16), (16.0, 64), (math.inf, 128)),
+    "sm90": _SM90_SCHEDULE,
+    "sm100": _SM90_SCHEDULE,  # untuned: sm90's
 }
 
 #: The ``block_m`` of a launch without a token count (the harness's cases and tests).

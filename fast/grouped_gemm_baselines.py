@@ -33,7 +33,7 @@ import torch
 
 from batchinv.fast.device import interpreting
 from batchinv.fast.grouped_gemm import GroupedGemmConfig, checked, execute, launch
-from batchinv.reference.grouped_gemm import GroupedGemmArgs
+from batchinv.reference.grouped_gemm import GroupedGemmArgs, row_experts
 
 #: Expert-M thresholds: (split into 4 at M <=, split into 2 at M <=); the bucket threshold.
 _SPLIT_M = {"interp": (1, 3), "gpu": (16, 64)}
@@ -48,10 +48,8 @@ def _expert_m(sorted_ids: torch.Tensor, block_expert: torch.Tensor, args: Groupe
     """Each block's expert M (rows routed to the block's expert in this launch), [B] int64 CPU;
     0 for unused blocks."""
     used = args.num_padded
-    ids = sorted_ids[:used].cpu().to(torch.int64)
     experts = block_expert.cpu().to(torch.int64)
-    per_row = experts.repeat_interleave(args.block_m)[:used]
-    counts = torch.bincount(per_row[ids < args.t * args.k], minlength=args.e)
+    counts = torch.bincount(row_experts(sorted_ids, block_expert, args)[1], minlength=args.e)
     m = torch.zeros(experts.numel(), dtype=torch.int64)
     m[: used // args.block_m] = counts[experts[: used // args.block_m]]
     return m

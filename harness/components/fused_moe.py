@@ -191,18 +191,22 @@ def _weights(axes: dict[str, Any], device: torch.device) -> dict[str, Any]:
     }
 
 
-def logit_movement(hidden: torch.Tensor, router_weight: torch.Tensor) -> torch.Tensor:
+def logit_movement(
+    hidden: torch.Tensor, router_weight: torch.Tensor, l64: torch.Tensor | None = None
+) -> torch.Tensor:
     """``[T]`` fp64: how far a fast fp32 logit may be from the reference's (fp64 rounded once):
     the pinned matmul's a-posteriori bound for its order (increasing k by groups of 16 on a GPU,
     of its BLOCK_K under the interpreter: :func:`batchinv.reference.matmul.tight_bound`, rigorous
-    for that order, fp32 output rounding included) plus the reference's rounding (2^-24 |l|)."""
+    for that order, fp32 output rounding included) plus the reference's rounding (2^-24 |l|).
+    ``l64``: the exact logits ``hidden @ router_weight.T`` in fp64, when the caller has them."""
     from batchinv.fast import matmul as fast_matmul
     from batchinv.reference import matmul as ref_matmul
 
     t, h = hidden.shape
     e = router_weight.shape[0]
     plan = fast_matmul.plan(t, e, h, hidden.dtype, hidden.device)
-    l64 = hidden.double() @ router_weight.double().T
+    if l64 is None:
+        l64 = hidden.double() @ router_weight.double().T
     moved = ref_matmul.tight_bound(
         hidden,
         router_weight,
@@ -272,10 +276,11 @@ def routing_cutoffs(hidden: torch.Tensor, shared: dict[str, Any]) -> dict[str, t
     selection keys, dropped groups' ``-inf``) and ``need [T]`` (the gap a cutoff needs)."""
     rw = shared["router_weight"]
     cls, gcls = tie_classes(shared)
-    l64 = (hidden.double() @ rw.double().T).gather(
+    exact = hidden.double() @ rw.double().T
+    l64 = exact.gather(
         1, _representative(cls)[None, :].expand(hidden.shape[0], -1)
     )  # a class's members get its first member's dot product (equal in exact arithmetic)
-    dl = logit_movement(hidden, rw)[:, None]  # [T, 1]
+    dl = logit_movement(hidden, rw, exact)[:, None]  # [T, 1]
     k, n_group, topk_group = shared["top_k"], shared["n_group"], shared["topk_group"]
     if shared["scoring"] == "softmax":
         key, move = l64, dl + U_FP32 * l64.abs().amax(dim=1, keepdim=True)

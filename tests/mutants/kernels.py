@@ -358,11 +358,10 @@ def grouped_gemm_dropped_partial_k_tile() -> Callable[..., Any]:
 
 def _halve_block_k_for_small_experts(checked: Any, sorted_ids: Any, block_expert: Any) -> Any:
     """``(args, config)`` with BLOCK_K halved when the launch's largest expert M is <= 4."""
+    from batchinv.reference.grouped_gemm import row_experts
+
     args, config = checked
-    used = args.num_padded
-    ids = sorted_ids[:used].cpu().long()
-    experts = block_expert.cpu().long().repeat_interleave(args.block_m)[:used]
-    counts = experts[ids < args.t * args.k].bincount(minlength=args.e)
+    counts = row_experts(sorted_ids, block_expert, args)[1].bincount(minlength=args.e)
     if int(counts.max()) <= 4:
         config = replace(config, block_k=max(16, config.block_k // 2))
     return args, config
