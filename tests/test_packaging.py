@@ -66,3 +66,22 @@ def test_cli_lists_every_registered_component():
     assert proc.returncode == 0, proc.stderr
     for name in COMPONENT_MODULES:
         assert name in proc.stdout
+
+
+def test_top_level_enable_is_fast_enable_and_import_stays_light(tmp_path):
+    code = (
+        "import sys, batchinv;"
+        "light = 'triton' not in sys.modules and 'batchinv.fast.aten_override' not in sys.modules;"
+        "import batchinv.fast;"
+        "same = batchinv.enable is batchinv.fast.enable;"
+        "print(light, same); sys.exit(0 if light and same else 1)"
+    )
+    proc = _run_outside_checkout(code, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_top_level_unknown_attribute_raises_attribute_error():
+    import batchinv
+
+    with pytest.raises(AttributeError, match="no attribute 'not_there'"):
+        batchinv.not_there  # noqa: B018
