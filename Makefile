@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv .venv
 	.venv/bin/python -m pip install -q --upgrade pip
 	.venv/bin/python -m pip install -q $(TORCH_SPEC)
-	.venv/bin/python -m pip install -q -e '.[dev]'
+	.venv/bin/python -m pip install -q -e '.[dev,models]'
 	touch $(STAMP)
 else
 STAMP := .stamp-$(notdir $(PY))

@@ -82,8 +82,14 @@ def _num_sms() -> int | None:
     return _active[0][2]
 
 
+def _unpinned_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The library's own product for a call no pinned kernel takes: ``baddbmm`` with beta 0,
+    an aten kernel the override leaves alone (``mm``/``bmm`` would come back here)."""
+    return torch.baddbmm(a.new_zeros(a.shape[0], a.shape[1], b.shape[2]), a, b, beta=0)
+
+
 def _unpinned_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.bmm(a.unsqueeze(0), b.unsqueeze(0)).squeeze(0)
+    return _unpinned_bmm(a.unsqueeze(0), b.unsqueeze(0)).squeeze(0)
 
 
 def _unlaunchable(op: str) -> None:
@@ -132,6 +138,51 @@ def _addmm_body(inp: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: Any, 
     return beta * inp + (alpha * product if alpha != 1 else product)
 
 
+def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    with torch._C.DisableTorchFunction():  # the enable() mode must not route our own calls
+        if a.dim() != 3 or b.dim() != 3 or not _launchable(a[0], b[0]):
+            _unlaunchable("bmm")
+            return _unpinned_bmm(a, b)
+        _stats().aten["bmm"] += 1
+        out = a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
+        for i in range(a.shape[0]):
+            _pinned_matmul(a[i], b[i], layout="mm", num_sms=_num_sms(), out=out[i])
+        return out
+
+
+def _into(out: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
+    """aten's out= contract: ``out`` resized to the result's shape, then written."""
+    with torch._C.DisableTorchFunction():
+        if out.shape != result.shape:
+            out.resize_(result.shape)
+        return out.copy_(result)
+
+
+def _mm_out(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    return _into(out, _mm(a, b))
+
+
+def _addmm_out(
+    inp: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1, out: torch.Tensor
+) -> torch.Tensor:
+    return _into(out, _addmm(inp, a, b, beta=beta, alpha=alpha))
+
+
+def _bmm_out(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    return _into(out, _bmm(a, b))
+
+
+#: The aten overloads overridden inside ``enable()`` and their pinned kernels.
+ATEN_OVERRIDES = {
+    "mm": _mm,
+    "mm.out": _mm_out,
+    "addmm": _addmm,
+    "addmm.out": _addmm_out,
+    "bmm": _bmm,
+    "bmm.out": _bmm_out,
+}
+
+
 @contextmanager
 def enable(*, strict: bool = True, num_sms: int | None = None) -> Iterator[EnableStats]:
     """Run every op the components cover batch-invariantly, eager, in CUDA graphs and compiled.
@@ -141,7 +192,9 @@ def enable(*, strict: bool = True, num_sms: int | None = None) -> Iterator[Enabl
     ``softmax`` / ``log_softmax`` / ``mean`` over the last dim with the ``torch.ops.batchinv``
     operators, which ``torch.compile`` keeps as opaque calls; beneath it the aten kernels of
     ``mm`` and ``addmm`` are overridden for the CPU and CUDA dispatch keys (calls that reach aten
-    without passing the torch-function level, e.g. from C++ composites).
+    without passing the torch-function level: C++ composites, and any code a compiled graph
+    runs opaquely, such as another library's custom op, during which Dynamo has popped the
+    mode), with their ``out=`` overloads, and so is ``bmm``.
 
     Parameters
     ----------
@@ -185,8 +238,8 @@ def enable(*, strict: bool = True, num_sms: int | None = None) -> Iterator[Enabl
             warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
             warnings.filterwarnings("ignore", message=".*Warning only once for all operators.*")
             for key in _DISPATCH_KEYS:
-                lib.impl("mm", _mm, key)
-                lib.impl("addmm", _addmm, key)
+                for overload, kernel in ATEN_OVERRIDES.items():
+                    lib.impl(overload, kernel, key)
         with mode:
             yield stats
     finally:

@@ -1,8 +1,9 @@
 """The torch-function layer of ``batchinv.enable()``: covered ops become ``torch.ops.batchinv``.
 
 :class:`PinnedOps` is a ``TorchFunctionMode``: while it is active, every call of an op the
-components cover -- ``F.linear``, ``torch.mm`` / ``matmul`` / ``@`` / ``bmm`` / ``addmm``
-(2-D and 3-D), ``F.rms_norm``, ``softmax`` / ``log_softmax`` and ``mean`` over the last dim --
+components cover -- ``F.linear``, ``torch.mm`` / ``addmm`` (2-D), ``bmm`` (3-D), ``matmul`` / ``@`` (2-D and
+batched N-D, broadcast), ``F.grouped_mm`` (2-D x 3-D with ``offs``: MoE experts), two-operand ``einsum`` (as one
+batched product), ``F.rms_norm``, ``softmax`` / ``log_softmax`` and ``mean`` over the last dim --
 is answered by the pinned operator (:mod:`batchinv.fast.ops`).  ``torch.compile`` traces
 through torch-function modes, so a model compiled inside the mode (or compiled before: Dynamo
 guards on the mode stack and recompiles) holds the ``batchinv`` operators in its graph, and
@@ -20,6 +21,7 @@ torch-function level that Dynamo traces.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -85,25 +87,104 @@ def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``[B, M, K] @ [B, K, N]``: one pinned matmul per batch entry (each row's sum is its own)."""
+    """``[B, M, K] @ [B, K, N]``: the pinned matmul of each batch entry (``batchinv::bmm``)."""
     _check_tensors(a, b)
     _need(
-        a.dim() == 3 and b.dim() == 3 and a.shape[0] == b.shape[0],
+        a.dim() == 3 and b.dim() == 3 and a.shape[0] == b.shape[0] and a.shape[2] == b.shape[1],
         "bmm operands other than [B, M, K], [B, K, N]",
     )
-    return torch.stack([torch.ops.batchinv.matmul(a[i], b[i], None, "mm", None) for i in range(a.shape[0])])
+    return torch.ops.batchinv.bmm(a, b)
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``[..., K] @ [K, N]`` (rows flattened) or a 3-D batched product."""
+    """``[..., K] @ [K, N]`` (rows flattened into one matmul) or a batched product
+    ``[..., M, K] @ [..., K, N]`` (batch dims broadcast as ``torch.matmul`` does, flattened into
+    one ``batchinv::bmm``).  1-D operands stay unpinned."""
     _check_tensors(a, b)
-    if a.dim() == 3 and b.dim() == 3:
-        return _bmm(a, b)
+    _need(a.dim() >= 2 and b.dim() >= 2, "a 1-D matmul operand (a vector product)")
+    _need(a.shape[-1] == b.shape[-2], f"shapes {tuple(a.shape)} @ {tuple(b.shape)} that do not chain")
+    if b.dim() == 2:
+        flat = a.reshape(-1, a.shape[-1])
+        return torch.ops.batchinv.matmul(flat, b, None, "mm", None).view(*a.shape[:-1], b.shape[1])
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a3 = a.expand(*batch, *a.shape[-2:]).reshape(-1, *a.shape[-2:])
+    b3 = b.expand(*batch, *b.shape[-2:]).reshape(-1, *b.shape[-2:])
+    return torch.ops.batchinv.bmm(a3, b3).view(*batch, a.shape[-2], b.shape[-1])
+
+
+def _grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``F.grouped_mm`` / ``torch._grouped_mm`` of ``[S, K]`` rows grouped by ``offs`` times
+    ``[G, K, N]`` (the MoE expert GEMM, as Hugging Face's ``grouped_mm`` experts call it)."""
+    _check_tensors(a, b)
     _need(
-        a.dim() >= 2 and b.dim() == 2, "matmul operands other than [..., K] @ [K, N] or [B, M, K] @ [B, K, N]"
+        a.dim() == 2 and b.dim() == 3 and a.shape[1] == b.shape[1],
+        "grouped_mm operands other than [S, K], [G, K, N]",
     )
-    flat = a.reshape(-1, a.shape[-1])
-    return torch.ops.batchinv.matmul(flat, b, None, "mm", None).view(*a.shape[:-1], b.shape[1])
+    _need(
+        isinstance(offs, torch.Tensor)
+        and offs.dim() == 1
+        and offs.shape[0] == b.shape[0]
+        and offs.dtype == torch.int32,
+        "offs other than int32 [G] group ends",
+    )
+    _need(bias is None and out_dtype in (None, a.dtype), "a bias or an out_dtype")
+    return torch.ops.batchinv.grouped_mm(a, b, offs)
+
+
+def _einsum(equation: Any, *operands: Any) -> torch.Tensor:
+    """A two-operand ``torch.einsum`` as one batched product: the output's indices shared by
+    both operands are the batch, the indices of one operand only are its rows (left) or columns
+    (right), the indices of both that the output drops are the contraction K; the operands are
+    permuted to ``[batch, left, K]`` and ``[batch, K, right]`` and multiplied by
+    ``batchinv::bmm``.  Ellipses, diagonals (a repeated index), sums inside one operand and
+    size-1 broadcasting stay unpinned."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    _need(isinstance(equation, str) and len(operands) == 2, "an einsum of other than two operands")
+    a, b = operands
+    _check_tensors(a, b)
+    spec = equation.replace(" ", "")
+    _need("..." not in spec, "an einsum with an ellipsis")
+    inputs, _, out = spec.partition("->")
+    _need(inputs.count(",") == 1, f"subscripts {equation!r} for two operands")
+    ia, ib = inputs.split(",")
+    if "->" not in spec:  # implicit output: the indices seen once, sorted
+        out = "".join(sorted(c for c in ia + ib if (ia + ib).count(c) == 1))
+    _need(len(ia) == a.dim() and len(ib) == b.dim(), f"subscripts {equation!r} that do not match the ranks")
+    _need(all(len(set(i)) == len(i) for i in (ia, ib, out)), "a repeated index (a diagonal)")
+    _need(all(c in ia + ib for c in out), f"output index not in the inputs of {equation!r}")
+    _need(
+        all(c in ib or c in out for c in ia) and all(c in ia or c in out for c in ib),
+        "a sum inside one operand",
+    )
+    _need(
+        all(a.shape[ia.index(c)] == b.shape[ib.index(c)] for c in ia if c in ib),
+        "shared indices of unequal size",
+    )
+    batch = [c for c in out if c in ia and c in ib]
+    left = [c for c in out if c in ia and c not in ib]
+    right = [c for c in out if c in ib and c not in ia]
+    contracted = [c for c in ia if c in ib and c not in out]
+
+    def size(t: torch.Tensor, subs: str, idx: list[str]) -> int:
+        return math.prod(t.shape[subs.index(c)] for c in idx)
+
+    a3 = a.permute([ia.index(c) for c in batch + left + contracted]).reshape(
+        size(a, ia, batch), size(a, ia, left), size(a, ia, contracted)
+    )
+    b3 = b.permute([ib.index(c) for c in batch + contracted + right]).reshape(
+        size(b, ib, batch), size(b, ib, contracted), size(b, ib, right)
+    )
+    order = batch + left + right
+    dims = [a.shape[ia.index(c)] if c in ia else b.shape[ib.index(c)] for c in order]
+    return torch.ops.batchinv.bmm(a3, b3).view(dims).permute([order.index(c) for c in out])
 
 
 def _addmm(
@@ -134,7 +215,9 @@ def _softmax_like(op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor
         _last_dim(x, dim)
         half = x.dtype in (torch.float16, torch.bfloat16)
         _need(dtype in (None, x.dtype) or (dtype == torch.float32 and half), f"dtype={dtype}")
-        return op(x, -1, dtype == torch.float32 and half)
+        _need(x.dim() >= 1, "a 0-D tensor")
+        rows = x.reshape(-1, x.shape[-1])  # any leading dims: rows are independent
+        return op(rows, -1, dtype == torch.float32 and half).view(x.shape)
 
     return call
 
@@ -150,8 +233,28 @@ def _mean(
     if isinstance(dim, (list, tuple)) and len(dim) == 1:
         dim = dim[0]
     _last_dim(x, dim)
-    return torch.ops.batchinv.mean(x, -1, bool(keepdim), dtype)
+    _need(x.dim() >= 1, "a 0-D tensor")
+    rows = x.reshape(-1, x.shape[-1])  # any leading dims: rows are independent
+    out = torch.ops.batchinv.mean(rows, -1, False, dtype)
+    return out.view(*x.shape[:-1], 1) if keepdim else out.view(x.shape[:-1])
 
+
+def _with_out(handler: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """The handler with torch's ``out=`` (resized to the result, then written)."""
+
+    def call(*args: Any, out: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+        result = handler(*args, **kwargs)
+        if out is None:
+            return result
+        _need(isinstance(out, torch.Tensor) and out.dtype == result.dtype, "an out= of another dtype")
+        if out.shape != result.shape:
+            out.resize_(result.shape)
+        return out.copy_(result)
+
+    return call
+
+
+_mm, _bmm, _matmul, _addmm = (_with_out(h) for h in (_mm, _bmm, _matmul, _addmm))
 
 #: Covered op -> (its name in stats and errors, the pinned handler).
 HANDLERS: dict[Callable[..., Any], tuple[str, Callable[..., torch.Tensor]]] = {
@@ -162,8 +265,11 @@ HANDLERS: dict[Callable[..., Any], tuple[str, Callable[..., torch.Tensor]]] = {
     torch.Tensor.matmul: ("matmul", _matmul),
     torch.Tensor.__matmul__: ("matmul", _matmul),
     torch.bmm: ("bmm", _bmm),
+    torch.einsum: ("einsum", _einsum),
     torch.Tensor.bmm: ("bmm", _bmm),
     torch.addmm: ("addmm", _addmm),
+    **({F.grouped_mm: ("grouped_mm", _grouped_mm)} if hasattr(F, "grouped_mm") else {}),
+    **({torch._grouped_mm: ("grouped_mm", _grouped_mm)} if hasattr(torch, "_grouped_mm") else {}),
     torch.Tensor.addmm: ("addmm", _addmm),
     F.rms_norm: ("rms_norm", _rms_norm),
     torch.rms_norm: ("rms_norm", _rms_norm),  # what Dynamo sees of F.rms_norm when it inlines it
@@ -175,6 +281,19 @@ HANDLERS: dict[Callable[..., Any], tuple[str, Callable[..., torch.Tensor]]] = {
     torch.Tensor.log_softmax: ("log_softmax", _log_softmax),
     torch.mean: ("mean", _mean),
     torch.Tensor.mean: ("mean", _mean),
+}
+
+
+#: Ops whose kernels plan their reduction from the whole launch (batch-variant) and that no
+#: pinned kernel answers yet: ``strict`` refuses them by name, otherwise they run unpinned and
+#: are counted in ``fallback``.  (Prefill attention: a model can run its attention through the
+#: covered ops instead, e.g. Hugging Face's ``attn_implementation="eager"``.)
+UNCOVERED: dict[Callable[..., Any], tuple[str, str]] = {
+    F.scaled_dot_product_attention: (
+        "scaled_dot_product_attention",
+        "no pinned prefill attention kernel (run attention through matmul + softmax, e.g. "
+        'attn_implementation="eager" in transformers)',
+    ),
 }
 
 
@@ -195,10 +314,13 @@ class PinnedOps(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         entry = HANDLERS.get(func)
-        if entry is None:
-            return func(*args, **kwargs)
-        name, handler = entry
         try:
+            if entry is None:
+                if func in UNCOVERED:
+                    name, reason = UNCOVERED[func]
+                    raise _Unpinned(reason)
+                return func(*args, **kwargs)
+            name, handler = entry
             return handler(*args, **kwargs)
         except _Unpinned as why:
             if self.strict:

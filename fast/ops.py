@@ -8,6 +8,8 @@ compiled graph runs exactly the pinned kernel the eager call runs and gets its b
 Operators (``torch.ops.batchinv``):
 
 * ``matmul(x, weight, bias, layout, out_dtype, precision)`` -- :func:`batchinv.fast.matmul.matmul`
+* ``bmm(a, b)`` -- ``[B, M, K] @ [B, K, N]``: the pinned matmul of each batch entry
+* ``grouped_mm(a, b, offs)`` -- rows of ``a`` grouped by ``offs``, group ``g`` times ``b[g]``
 * ``rms_norm(x, weight, eps, dim)`` -- :func:`batchinv.fast.rms_norm.rms_norm`
 * ``softmax(x, dim, half_to_float)`` / ``log_softmax(...)`` -- :mod:`batchinv.fast.softmax`
 * ``mean(x, dim, keepdim, dtype)`` -- :func:`batchinv.fast.mean.mean`
@@ -70,6 +72,59 @@ def _matmul_fake(
 ) -> torch.Tensor:
     n = weight.shape[0] if layout == "linear" else weight.shape[1]
     return x.new_empty((x.shape[0], n), dtype=out_dtype or x.dtype)
+
+
+@torch.library.custom_op("batchinv::bmm", mutates_args=())
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Batched ``[B, M, K] @ [B, K, N] -> [B, M, N]``: entry ``i`` is
+    ``matmul(a[i], b[i], layout="mm")`` (:func:`batchinv.fast.matmul.matmul`), so every output
+    row has the bits of its own row of ``a`` times ``b[i]``, whatever B and M are (invariant
+    along B and M).  The entries are launched one after the other into one output; one
+    operator keeps a compiled graph's size independent of B (``torch.compile(dynamic=True)``
+    traces one call for every batch count).  Dtypes and errors are the matmul's."""
+    from batchinv.fast.matmul import matmul as pinned
+
+    RUNTIME_CALLS["bmm"] += 1
+    out = a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
+    with _unrouted():
+        for i in range(a.shape[0]):
+            pinned(a[i], b[i], layout="mm", out=out[i])
+    return out
+
+
+@bmm.register_fake
+def _bmm_fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
+
+
+@torch.library.custom_op("batchinv::grouped_mm", mutates_args=())
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Grouped ``[S, K] x [G, K, N] -> [S, N]`` (``F.grouped_mm``'s 2-D x 3-D form, the MoE
+    expert GEMM): rows ``offs[g-1]:offs[g]`` of ``a`` (``offs`` int32 [G], cumulative ends,
+    non-decreasing) are multiplied by ``b[g]`` with the pinned matmul
+    (:func:`batchinv.fast.matmul.matmul`, ``layout="mm"``), so a row's bits depend on the row
+    and its group's weights only, never on how many rows the group or the batch holds.  Rows
+    past ``offs[-1]`` (no group) are zero.  ``offs`` is read on the host (one sync), so the
+    operator is not CUDA-graph capturable.  Raises ``ArgumentError`` (``offs``) when the ends
+    decrease or pass S."""
+    from batchinv.fast.matmul import matmul as pinned
+    from batchinv.reference.errors import ArgumentError
+
+    RUNTIME_CALLS["grouped_mm"] += 1
+    ends = [int(e) for e in offs.tolist()]
+    if any(e < s for s, e in zip([0, *ends], ends, strict=False)) or (ends and ends[-1] > a.shape[0]):
+        raise ArgumentError("offs", f"non-decreasing group ends <= S={a.shape[0]}", str(ends))
+    out = a.new_zeros((a.shape[0], b.shape[2]))
+    with _unrouted():
+        for g, (start, end) in enumerate(zip([0, *ends], ends, strict=False)):
+            if end > start:
+                pinned(a[start:end], b[g], layout="mm", out=out[start:end])
+    return out
+
+
+@grouped_mm.register_fake
+def _grouped_mm_fake(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return a.new_empty((a.shape[0], b.shape[2]))
 
 
 @torch.library.custom_op("batchinv::rms_norm", mutates_args=())

@@ -197,3 +197,125 @@ def test_negative_control_the_compiled_mlp_without_enable_varies_with_m():
         torch._dynamo.reset()
         pinned = torch.compile(mlp)
         assert torch.equal(pinned(x[:1]), pinned(x)[:1])
+
+
+# --- batched products, einsum, grouped_mm, out= (the transformers client's ops) ----------------
+
+
+def _fp64_close(got: torch.Tensor, ref: torch.Tensor) -> bool:
+    return bool((got.double() - ref).abs().max() <= 1e-5 * (1 + ref.abs().max()))
+
+
+@any_lane
+@torch.no_grad()
+def test_batched_matmul_broadcasts_and_keeps_each_row_invariant():
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 3, 37, 16, generator=gen).to(DEVICE)
+    k = torch.randn(1, 3, 16, 21, generator=gen).to(DEVICE)  # batch dim 0 broadcast
+    with enable() as stats:
+        full = torch.matmul(q, k)
+        rows = q[:, :, 5:6] @ k  # one query row: M = 1 inside every batch entry
+    assert stats.pinned["bmm"] == 2 and not stats.fallback, stats
+    assert _fp64_close(full, q.double() @ k.double())
+    assert torch.equal(rows.view(torch.int32), full[:, :, 5:6].view(torch.int32))
+
+
+@any_lane
+@torch.no_grad()
+@pytest.mark.parametrize(
+    ("equation", "shapes"),
+    [
+        ("bhqd,bhkd->bhqk", [(2, 3, 9, 8), (2, 3, 5, 8)]),
+        ("bsd,nd->bsn", [(3, 7, 16), (5, 16)]),
+        ("ij,jk", [(6, 8), (8, 3)]),  # implicit output
+        ("i,j->ij", [(4,), (3,)]),  # outer product: K = 1
+        ("bqk,bkd->bdq", [(2, 4, 6), (2, 6, 5)]),  # permuted output
+    ],
+)
+def test_two_operand_einsum_is_one_pinned_batched_product(equation, shapes):
+    gen = torch.Generator().manual_seed(12)
+    a, b = (torch.randn(*s, generator=gen).to(DEVICE) for s in shapes)
+    with enable() as stats:
+        got = torch.einsum(equation, a, b)
+    assert stats.pinned["bmm"] == 1 and not stats.fallback, stats
+    assert _fp64_close(got, torch.einsum(equation, a.double(), b.double()))
+
+
+@any_lane
+@torch.no_grad()
+@pytest.mark.parametrize(
+    ("equation", "operands", "reason"),
+    [
+        ("ii,ij->j", [(4, 4), (4, 3)], "repeated index"),
+        ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)], "other than two operands"),
+        ("...d,nd->...n", [(2, 8), (3, 8)], "ellipsis"),
+        ("ij,k->i", [(2, 3), (4,)], "sum inside one operand"),
+    ],
+)
+def test_einsum_outside_the_batched_product_is_refused_by_name(equation, operands, reason):
+    from batchinv.fast.function_mode import UnpinnedOpError
+
+    tensors = [torch.randn(*s, device=DEVICE) for s in operands]
+    with enable(), pytest.raises(UnpinnedOpError, match=rf"einsum .*{reason}"):
+        torch.einsum(equation, *tensors)
+
+
+@any_lane
+@torch.no_grad()
+def test_grouped_mm_multiplies_each_group_by_its_weight_and_rows_do_not_see_the_group_size():
+    if not hasattr(F, "grouped_mm"):
+        pytest.skip("this torch has no F.grouped_mm")
+    gen = torch.Generator().manual_seed(13)
+    a = torch.randn(11, 16, generator=gen).to(DEVICE)
+    w = torch.randn(3, 16, 8, generator=gen).to(DEVICE)
+    offs = torch.tensor([4, 4, 9], dtype=torch.int32, device=DEVICE)  # group 1 empty, rows 9.. none
+    with enable() as stats:
+        got = F.grouped_mm(a, w, offs=offs)
+        alone = F.grouped_mm(a[5:6], w, offs=torch.tensor([0, 0, 1], dtype=torch.int32, device=DEVICE))
+    assert stats.pinned["grouped_mm"] == 2 and not stats.fallback, stats
+    ref = torch.cat([a[:4].double() @ w[0].double(), a[4:9].double() @ w[2].double()])
+    assert _fp64_close(got[:9], ref) and torch.equal(got[9:], torch.zeros_like(got[9:]))
+    assert torch.equal(alone.view(torch.int32), got[5:6].view(torch.int32))
+
+
+@any_lane
+def test_grouped_mm_refuses_decreasing_group_ends_naming_offs():
+    from batchinv.fast.ops import grouped_mm
+    from batchinv.reference.errors import ArgumentError
+
+    a, w = torch.randn(6, 4, device=DEVICE), torch.randn(2, 4, 3, device=DEVICE)
+    for bad in ([4, 2], [2, 7]):
+        with pytest.raises(ArgumentError, match="argument 'offs'"):
+            grouped_mm(a, w, torch.tensor(bad, dtype=torch.int32, device=DEVICE))
+
+
+@any_lane
+@torch.no_grad()
+def test_out_overloads_are_pinned_at_both_layers():
+    a, b = torch.randn(5, 16, device=DEVICE), torch.randn(16, 8, device=DEVICE)
+    out_fn, out_aten, out_bmm = (
+        torch.empty(0, device=DEVICE),
+        torch.empty(5, 8, device=DEVICE),
+        torch.empty(0, device=DEVICE),
+    )
+    with enable() as stats:
+        expected = torch.mm(a, b)
+        torch.mm(a, b, out=out_fn)  # torch-function layer: handler, then written into out
+        torch.ops.aten.mm.out(a, b, out=out_aten)  # aten layer (what opaque code reaches)
+        torch.ops.aten.bmm.out(a[None], b[None], out=out_bmm)
+    assert stats.pinned["matmul"] == 2 and stats.pinned["mm"] == 1 and stats.pinned["bmm"] == 1, stats
+    for got in (out_fn, out_aten, out_bmm.squeeze(0)):
+        assert torch.equal(got, expected)
+
+
+@any_lane
+@torch.no_grad()
+def test_strict_enable_refuses_sdpa_and_counts_it_without_strict():
+    from batchinv.fast.function_mode import UnpinnedOpError
+
+    q = torch.randn(1, 2, 4, 8, device=DEVICE)
+    with enable(), pytest.raises(UnpinnedOpError, match="scaled_dot_product_attention"):
+        F.scaled_dot_product_attention(q, q, q)
+    with enable(strict=False) as stats:
+        F.scaled_dot_product_attention(q, q, q)
+    assert stats.fallback == {"scaled_dot_product_attention": 1}
