@@ -1,8 +1,9 @@
 """Fast implementations: production kernels with every batch-dependent choice pinned, and,
 beside each, the unpinned baselines production uses by default (the negative controls).
 
-``batchinv.fast.enable()`` (a context manager, :func:`batchinv.fast.aten_override.enable`) routes
-``torch.mm``, ``torch.addmm`` and ``F.linear`` through the pinned matmul.
+``batchinv.fast.enable()`` (the same object as ``batchinv.enable``; a context manager,
+:func:`batchinv.fast.aten_override.enable`) routes a model's matrix products, RMSNorms,
+softmaxes and last-dim means through the pinned kernels, eager and compiled.
 """
 
 from typing import Any

@@ -1,21 +1,23 @@
-"""Route a whole torch model's GEMMs through the batch-invariant kernel: ``batchinv.fast.enable()``.
+"""Route a whole torch model's covered ops through the batch-invariant kernels: ``batchinv.enable()``.
 
-Spelling: ``import batchinv.fast`` then ``with batchinv.fast.enable(): ...`` (the package exports
-:func:`enable` lazily, so importing it does not import triton).
+Spelling: ``import batchinv`` then ``with batchinv.enable(): ...`` (``batchinv.fast.enable`` is
+the same object; both packages export :func:`enable` lazily, so importing them does not import
+triton).
 
 Inside ``with enable():`` two layers route the covered ops to the pinned kernels: a
 torch-function mode (:mod:`batchinv.fast.function_mode`), which answers ``F.linear``, the
 matrix products, ``F.rms_norm``, ``softmax`` / ``log_softmax`` / ``mean`` over the last dim
 with the ``torch.ops.batchinv`` operators and which ``torch.compile`` traces (so compiled
-graphs keep them); and beneath it the aten kernels of ``mm`` and ``addmm``, overridden for the
-CPU and CUDA dispatch keys by :func:`batchinv.fast.matmul.matmul` through a
-``torch.library.Library("aten", "IMPL")`` (for calls that reach aten directly).  On exit the
+graphs keep them); and beneath it the aten kernels of ``mm``, ``addmm``, ``bmm`` and their
+``out=`` overloads (:data:`ATEN_OVERRIDES`), overridden for the CPU and CUDA dispatch keys by
+:func:`batchinv.fast.matmul.matmul` through a ``torch.library.Library("aten", "IMPL")`` (for
+calls that reach aten directly).  On exit the
 mode is popped, the library destroyed and the original kernels are back.
 
 Calls the kernels cannot take raise :class:`batchinv.fast.function_mode.UnpinnedOpError` under
 ``strict=True`` (the default); with ``strict=False`` they run unpinned and are counted in
-:attr:`EnableStats.fallback` (at the aten layer they fall back to ``torch.bmm`` of a batch of
-one, which is not overridden).  ``addmm`` with ``beta``/``alpha`` other than 1 or a non-row
+:attr:`EnableStats.fallback` (at the aten layer they fall back to ``torch.baddbmm``, which is not
+overridden).  ``addmm`` with ``beta``/``alpha`` other than 1 or a non-row
 ``input`` (``strict=False``) adds ``beta * input`` to ``alpha * mm`` elementwise (row-local).
 """
 
@@ -188,10 +190,11 @@ def enable(*, strict: bool = True, num_sms: int | None = None) -> Iterator[Enabl
     """Run every op the components cover batch-invariantly, eager, in CUDA graphs and compiled.
 
     Two layers: a torch-function mode (:class:`batchinv.fast.function_mode.PinnedOps`) answers
-    ``F.linear``, ``mm`` / ``matmul`` / ``@`` / ``bmm`` / ``addmm`` (2-D and 3-D), ``F.rms_norm``,
-    ``softmax`` / ``log_softmax`` / ``mean`` over the last dim with the ``torch.ops.batchinv``
+    ``F.linear``, ``mm`` / ``addmm``, ``bmm``, ``matmul`` / ``@`` (N-D, broadcast), two-operand
+    ``einsum``, ``F.grouped_mm``, ``F.rms_norm``, ``softmax`` / ``log_softmax`` / ``mean`` over
+    the last dim with the ``torch.ops.batchinv``
     operators, which ``torch.compile`` keeps as opaque calls; beneath it the aten kernels of
-    ``mm`` and ``addmm`` are overridden for the CPU and CUDA dispatch keys (calls that reach aten
+    ``mm``, ``addmm`` and ``bmm`` are overridden for the CPU and CUDA dispatch keys (calls that reach aten
     without passing the torch-function level: C++ composites, and any code a compiled graph
     runs opaquely, such as another library's custom op, during which Dynamo has popped the
     mode), with their ``out=`` overloads, and so is ``bmm``.
@@ -216,9 +219,11 @@ def enable(*, strict: bool = True, num_sms: int | None = None) -> Iterator[Enabl
     Notes
     -----
     Re-entrant: a nested ``enable()`` shares the outer one (its mode, override and stats).  Ops
-    not covered (attention, embeddings, elementwise ops) run as they are: elementwise ops are
-    row-local already; attention needs the decode_attention component's operator, not yet
-    registered.  Source: the aten-override approach of vLLM's batch-invariant mode and Thinking
+    not covered (embeddings, elementwise ops, ``topk``) run as they are: elementwise ops are
+    row-local already.  Fused attention (``F.scaled_dot_product_attention``) has no pinned
+    kernel: ``strict`` refuses it by name (:data:`batchinv.fast.function_mode.UNCOVERED`); a
+    model that computes attention with matmul and softmax (Hugging Face's ``eager``) runs
+    pinned, padding included (zero-probability keys add exact zeros to fixed-order sums).  Source: the aten-override approach of vLLM's batch-invariant mode and Thinking
     Machines' ``batch_invariant_ops``, plus a torch-function mode that ``torch.compile`` traces.
     """
     if _active:

@@ -115,7 +115,6 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _grouped_mm(
     a: torch.Tensor,
     b: torch.Tensor,
-    *,
     offs: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,

@@ -55,7 +55,9 @@ class Geometry:
 
 
 CPU_GEOMETRY = Geometry(64, 128, 2, 4, 2, 128, 9, 24, (1, 2, 5))
-GPU_GEOMETRY = Geometry(512, 1024, 3, 8, 4, 2048, 23, 96, (1, 2, 3, 7, 15, 31, 64))
+# GPU: the MLP width (4096 -> 11008), where cuBLAS changes algorithm and split-K with M
+# (a 7-token prompt alone against thousands of padded tokens); at width 512 it did not (run 23).
+GPU_GEOMETRY = Geometry(4096, 11008, 2, 32, 8, 4096, 7, 96, (1, 2, 3, 7, 15, 31, 64))
 GEOMETRY = GPU_GEOMETRY if GPU else CPU_GEOMETRY
 
 
