@@ -122,3 +122,32 @@ def test_multi_output_functions_compare_every_output(n_outputs):
 
     r = invariance.batch_prefix(second_output_leaks, b, (1, 2, 3, 4))
     assert not r.passed
+
+
+def _bucketed(x: torch.Tensor, m: int) -> torch.Tensor:
+    # a per-M bucket whose configs differ in bits: above 16 rows the scale is one ULP off 1.0
+    return x * (1.0 if m <= 16 else 1.0 + 2.0**-23)
+
+
+def test_modes_finds_a_bucket_frozen_at_the_first_compiled_m():
+    # vLLM's compiled batch-invariant matmul: the bucket of the traced M kept for every M
+    frozen: list[int] = []
+
+    def eager(b):
+        return (_bucketed(b.rows["x"], b.num_rows),)
+
+    def compiled(b):
+        frozen.append(frozen[0] if frozen else b.num_rows)
+        return (_bucketed(b.rows["x"], frozen[0]),)
+
+    result = invariance.modes(eager, compiled, None, _batch(rows=40), ms=[1, 8, 32])
+    assert not result.passed
+    assert result.where == ["compiled M=1 vs eager", "compiled M=8 vs eager"], result.where
+
+
+def test_modes_passes_when_compiled_equals_eager_at_every_m():
+    def eager(b):
+        return (_bucketed(b.rows["x"], b.num_rows),)
+
+    result = invariance.modes(eager, eager, None, _batch(rows=12), ms=[1, 8])
+    assert result.passed

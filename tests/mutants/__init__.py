@@ -285,4 +285,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ("modes",),
         replaces="torch_op",
     ),
+    Mutant(
+        "matmul_bucket_frozen_at_trace_time",
+        "matmul",
+        kernels.matmul_bucket_frozen_at_trace_time,
+        "the operator picks its M bucket from the M Dynamo traces (no guard), so a compiled "
+        "graph keeps one bucket for every runtime M (vLLM's compiled batch-invariant matmul)",
+        ("modes",),
+        replaces="torch_op",
+    ),
 )

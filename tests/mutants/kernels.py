@@ -427,3 +427,37 @@ def softmax_operator_unpinned_when_compiled() -> Callable[..., Any]:
         return torch.ops.batchinv.softmax(x, dim, half_to_float)
 
     return subject
+
+
+def matmul_bucket_frozen_at_trace_time() -> Callable[..., Any]:
+    """vLLM's compiled batch-invariant matmul (public issue): the M bucket is looked up in Python
+    while Dynamo traces, from the traced M, without a guard, so the compiled graph keeps the
+    bucket of its first M for every runtime M.  The buckets' configs differ in bits here (above
+    16 rows K is summed in two slices), as untested per-M configs may."""
+    import torch
+
+    def traced_m(x: Any) -> int:
+        m = x.shape[0]
+        return int(m.node.hint) if isinstance(m, torch.SymInt) else int(m)  # no guard: frozen
+
+    def subject(
+        x: Any,
+        weight: Any,
+        bias: Any = None,
+        *,
+        layout: str = "linear",
+        out_dtype: Any = None,
+        precision: str = "ieee",
+    ) -> Any:
+        if traced_m(x) <= 16 or x.shape[1] < 2:
+            return torch.ops.batchinv.matmul(x, weight, bias, layout, out_dtype, precision)
+        half = x.shape[1] // 2
+        w_lo, w_hi = (
+            (weight[:, :half], weight[:, half:]) if layout == "linear" else (weight[:half], weight[half:])
+        )
+        lo = torch.ops.batchinv.matmul(x[:, :half], w_lo, None, layout, torch.float32, precision)
+        hi = torch.ops.batchinv.matmul(x[:, half:], w_hi, None, layout, torch.float32, precision)
+        acc = lo + hi if bias is None else lo + hi + bias.float()
+        return acc.to(out_dtype or x.dtype)
+
+    return subject
