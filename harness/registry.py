@@ -49,6 +49,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "swiglu",
     "moe_combine",
     "fused_moe",
+    "prefill_chunk_plan",
 )
 
 #: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.
