@@ -50,6 +50,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "moe_combine",
     "fused_moe",
     "prefill_chunk_plan",
+    "cuda_graph_buckets",
 )
 
 #: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.
