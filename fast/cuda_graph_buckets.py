@@ -93,12 +93,18 @@ def holding(buckets: torch.Tensor, step: BatchDims) -> torch.Tensor:
     return enough & (prefill >= step.prefill) & (prefill + decode >= step.prefill + step.decode)
 
 
+def step_bucket(buckets: torch.Tensor, step: BatchDims) -> int:
+    """The row of the smallest bucket holding ``step`` (the table is ascending, so the first
+    holding row), or -1: no bucket holds it, the step runs eager."""
+    mask = holding(buckets, step)
+    return int(torch.nonzero(mask)[0, 0]) if bool(mask.any()) else -1
+
+
 def launch_rows(buckets: torch.Tensor, step: BatchDims, device: torch.device) -> torch.Tensor:
     """The ``(graphed, token_class)`` row of every request of ``step``: the first (smallest)
     holding bucket's token count mod 64, or eager and the unpadded count mod 64."""
-    mask = holding(buckets, step)
-    if bool(mask.any()):
-        first = int(torch.nonzero(mask)[0, 0])
+    first = step_bucket(buckets, step)
+    if first >= 0:
         row = torch.stack([torch.ones((), dtype=torch.int64), buckets[first, 0] % TOKEN_ALIGN])
     else:
         row = torch.tensor([0, step.tokens % TOKEN_ALIGN], dtype=torch.int64)
