@@ -49,6 +49,8 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "swiglu",
     "moe_combine",
     "fused_moe",
+    "prefill_chunk_plan",
+    "cuda_graph_buckets",
 )
 
 #: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.

@@ -295,3 +295,55 @@ MUTANTS: tuple[Mutant, ...] = (
         replaces="torch_op",
     ),
 )
+
+# --- plans: prefill_chunk_plan, cuda_graph_buckets (seed write-ups 001 and 003) ----------------
+
+from . import plans  # noqa: E402
+
+MUTANTS = (
+    *MUTANTS,
+    Mutant(
+        "prefill_chunk_plan_extra_chunk_at_budget_multiples",
+        "prefill_chunk_plan",
+        plans.prefill_chunk_plan_extra_chunk_at_budget_multiples,
+        "num_chunks = L // B + 1: a prompt of a multiple of the budget (or empty) gets an empty chunk more",
+        ("agreement",),
+        every_case=lambda case: case.axes["lengths"] == "budget_edges",
+    ),
+    Mutant(
+        "prefill_chunk_plan_chunk_rows_padded_to_budget",
+        "prefill_chunk_plan",
+        plans.prefill_chunk_plan_chunk_rows_padded_to_budget,
+        "every chunk's rows reported as the budget: the remainder chunk is planned as a full one",
+        ("agreement",),
+    ),
+    Mutant(
+        "prefill_chunk_plan_tail_shares_its_chunk",
+        "prefill_chunk_plan",
+        plans.prefill_chunk_plan_tail_shares_its_chunk,
+        "the remainder chunk takes the next request's tokens into its spare rows (tail packing)",
+        ("co_batch",),
+    ),
+    Mutant(
+        "cuda_graph_buckets_align_then_validate",
+        "cuda_graph_buckets",
+        plans.cuda_graph_buckets_align_then_validate,
+        "seed 001's first version: token counts aligned before validation, decode sizes not already "
+        "a multiple of 64 dropped (max_requests = 100 loses its largest decode bucket)",
+        ("agreement", "co_batch"),
+    ),
+    Mutant(
+        "cuda_graph_buckets_without_the_64_floor",
+        "cuda_graph_buckets",
+        plans.cuda_graph_buckets_without_the_64_floor,
+        "the 64-multiple token floor removed: a 1-request decode step replays a 1-token graph",
+        ("agreement", "co_batch"),
+    ),
+    Mutant(
+        "cuda_graph_buckets_a_spare_decode_slot_required",
+        "cuda_graph_buckets",
+        plans.cuda_graph_buckets_a_spare_decode_slot_required,
+        "a decode bucket holds a step only with a spare slot (> for >=): a full decode step runs eager",
+        ("agreement", "co_batch"),
+    ),
+)
