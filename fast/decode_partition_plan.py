@@ -18,8 +18,10 @@ from batchinv.reference.decode_partition_plan import PLAN_DTYPE, check_plan_args
 from batchinv.reference.errors import ArgumentError
 
 
-def _capturing(t: torch.Tensor) -> bool:
-    return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+def _capturing(t: object) -> bool:
+    return (
+        isinstance(t, torch.Tensor) and t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    )
 
 
 def partition_spans(num_requests: int, num_sm_parts: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -65,15 +67,30 @@ def decode_partition_plan(
         check_values=not _capturing(seq_lens),
     )
     device = seq_lens.device
-    spans = partition_spans(b, parts, device)
-    requests = torch.arange(b, device=device, dtype=torch.int64)
-    begins = spans[:, 0].to(torch.int64).contiguous()
-    # the owner of r is the last partition whose span begins at or before r (idle spans before
-    # it begin at r too, but end there: the last of them is the one whose span holds r)
-    partition = torch.searchsorted(begins, requests, right=True) - 1
-    lengths = seq_lens.to(torch.int64)
+    partition = request_partitions(partition_spans(b, parts, device), b)
+    num_splits, bounds = request_splits(seq_lens.to(torch.int64), split_tokens, max_splits)
+    return partition, num_splits, bounds
+
+
+def request_partitions(spans: torch.Tensor, num_requests: int) -> torch.Tensor:
+    """Each request's partition, ``[b]`` int32, from the spans ``[P, 2]`` of
+    :func:`partition_spans` over ``b = num_requests`` requests: the owner of request r is the
+    first partition whose span ends past r -- the number of spans ending at or before r, a
+    search over the non-decreasing ends (no host synchronisation: b comes from the shape)."""
+    ends = spans[:, 1].to(torch.int64).contiguous()
+    requests = torch.arange(num_requests, device=spans.device, dtype=torch.int64)
+    return torch.searchsorted(ends, requests, right=True).to(PLAN_DTYPE)
+
+
+def request_splits(
+    lengths: torch.Tensor, split_tokens: int, max_splits: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each request's splits from its own length alone: ``(num_splits [b], split_bounds [b,
+    max_splits + 1])`` int32 from ``lengths [b]`` int64 -- cuts at the multiples of
+    ``split_tokens``, ``ceil(length / split_tokens)`` splits (0 for an empty request), -1 past
+    the last bound."""
     num_splits = (lengths + (split_tokens - 1)) // split_tokens
-    k = torch.arange(max_splits + 1, device=device, dtype=torch.int64)
+    k = torch.arange(max_splits + 1, device=lengths.device, dtype=torch.int64)
     cuts = torch.minimum(k[None, :] * split_tokens, lengths[:, None])
     bounds = torch.where(k[None, :] <= num_splits[:, None], cuts, torch.full_like(cuts, -1))
-    return partition.to(PLAN_DTYPE), num_splits.to(PLAN_DTYPE), bounds.to(PLAN_DTYPE)
+    return num_splits.to(PLAN_DTYPE), bounds.to(PLAN_DTYPE)
