@@ -184,6 +184,13 @@ def _run(
         with invariance.inputs_untouched(b):
             return as_outputs(impl(**b.kwargs()))
 
+    local = component.requests.local if component.requests is not None else None
+    if local is not None and (check in REQUEST_CHECKS or check == "partition"):
+        whole = call  # the request checks and partition compare each request's own work
+
+        def call(b: Batch) -> Outputs:
+            return local(whole(b))
+
     unit = "requests" if component.requests is not None else "rows"
     if batch.num_rows == 0:
         result.status, result.detail = "skip", f"nothing to compare: the case has no {unit}"
@@ -234,7 +241,8 @@ def _run(
             if count is not None:
                 kwargs[arg] = count
             with invariance.inputs_untouched(b):
-                return as_outputs(impl(**kwargs))
+                out = as_outputs(impl(**kwargs))
+            return local(out) if local is not None else out
 
         from batchinv.fast.device import sm_count
 

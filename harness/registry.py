@@ -51,6 +51,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "fused_moe",
     "prefill_chunk_plan",
     "cuda_graph_buckets",
+    "decode_partition_plan",
 )
 
 #: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.
@@ -301,6 +302,12 @@ class RequestModel:
         co_batch_sizes: ``co_batch_sizes(lane)`` -> the numbers of other requests co_batch puts
             beside a target (each its own launch); None: the lane's :func:`co_batch_sizes`.  A
             token-level component (a request = one token) asks for thousands on GPU lanes.
+        local: ``local(outputs) -> outputs``: the part of the outputs that is each request's own
+            work (every tensor keeping dim 0 = request), which the request checks (co_batch,
+            slot, placement) and partition compare; the rest says where the launch put the
+            request -- a plan's partition id moves with the batch size and the partition count
+            by design -- and is judged by agreement and repeat alone.  None: every output is
+            the request's own.
     """
 
     take: Callable[[Batch, Sequence[int]], Batch]
@@ -308,6 +315,7 @@ class RequestModel:
     relocate: Callable[[Batch, torch.Generator], Batch]
     neighbours: Callable[[Case, Lane], Mapping[str, Case]] | None = None
     co_batch_sizes: Callable[[Lane], tuple[int, ...]] | None = None
+    local: Callable[[Outputs], Outputs] | None = None
 
 
 @dataclass(frozen=True)

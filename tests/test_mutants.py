@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from mutants import MUTANTS, Mutant
+from decode_plan_guards import GUARDS, GuardFailed
+from mutants import LIFECYCLE_MUTANTS, MUTANTS, Mutant
 from mutants.emulated import round_to_tf32
 
 from batchinv.harness.compare import compare_exact, compare_tolerance
@@ -178,3 +179,32 @@ def test_gpu_matmul_cases_judge_the_precision_mutants(case: Case) -> None:
         variants["bf16_logits"] = _gpu_order(x, w, bias, out_dtype).to(torch.bfloat16).float()
     passed = [name for name, out in variants.items() if _judged(batch, out)]
     assert not passed, f"{case.id}: {passed} pass a GPU case of their dtype"
+
+
+# --- the plan lifecycle's mutants: judged by its guards, not by the sweep -----------------------
+#
+# A lifecycle is a sequence of calls over time (cold start, record, build, install, the kernel's
+# read), which no single launch of the sweep shows: each lifecycle mutant names the guards of
+# tests/decode_plan_guards.py that must fail on it -- with GuardFailed, the property broken, never
+# another exception -- while the shipped lifecycle passes every guard (tests/test_decode_partition_plan.py
+# runs each as the test of its name).
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("mutant", LIFECYCLE_MUTANTS, ids=[m.name for m in LIFECYCLE_MUTANTS])
+def test_the_lifecycle_guards_catch_the_mutant(mutant: Mutant) -> None:
+    subject = mutant.build()
+    for name in mutant.caught_by:
+        with pytest.raises(GuardFailed):
+            GUARDS[name](subject)
+
+
+def test_lifecycle_mutants_name_guards_and_every_guard_catches_one() -> None:
+    names = [m.name for m in (*MUTANTS, *LIFECYCLE_MUTANTS)]
+    assert len(names) == len(set(names))
+    for m in LIFECYCLE_MUTANTS:
+        get(m.component)
+        assert m.replaces == "lifecycle" and m.name.startswith(m.component), m.name
+        assert m.caught_by and set(m.caught_by) <= set(GUARDS), m.name
+    assert {g for m in LIFECYCLE_MUTANTS for g in m.caught_by} == set(GUARDS)
+    assert all(m.replaces != "lifecycle" for m in MUTANTS)

@@ -18,6 +18,7 @@ from typing import Any
 
 from batchinv.harness.registry import Case
 
+from . import decode_partition_plan as plan_mutants
 from . import emulated, kernels
 
 
@@ -34,7 +35,9 @@ class Mutant:
         every_case: where given, every cpu case for which it is true must fail ``caught_by``
             (for the precision downgrades: every case of their dtype).
         replaces: the component field the subject stands in for: ``fast``, or ``torch_op`` (the
-            operator the ``modes`` check runs).
+            operator the ``modes`` check runs); or ``lifecycle``: the subject is the component's
+            plan lifecycle (a server class), and ``caught_by`` names the lifecycle guards
+            (``tests/decode_plan_guards.py``) that must fail on it (:data:`LIFECYCLE_MUTANTS`).
     """
 
     name: str
@@ -345,5 +348,83 @@ MUTANTS = (
         plans.cuda_graph_buckets_a_spare_decode_slot_required,
         "a decode bucket holds a step only with a spare slot (> for >=): a full decode step runs eager",
         ("agreement", "co_batch"),
+    ),
+    Mutant(
+        "decode_partition_plan_last_request_unowned",
+        "decode_partition_plan",
+        plan_mutants.last_request_unowned,
+        "the last partition's span ends one request early: the batch's last request is owned by none",
+        ("agreement",),
+        every_case=lambda case: True,
+    ),
+    Mutant(
+        "decode_partition_plan_one_request_per_partition",
+        "decode_partition_plan",
+        plan_mutants.one_request_per_partition,
+        "the b <= P skeleton: request r goes to partition r, so above the partition count requests are unowned",
+        ("agreement",),
+        every_case=lambda case: int(case.axes["b"]) > int(case.axes["P"]),
+    ),
+    Mutant(
+        "decode_partition_plan_splits_aligned_to_the_launch",
+        "decode_partition_plan",
+        plan_mutants.splits_aligned_to_the_launch,
+        "split bounds at multiples of split_tokens in the launch's packed token space, not the request's own",
+        ("co_batch", "slot"),
+    ),
+    Mutant(
+        "decode_partition_plan_split_doubled_above_the_partition_count",
+        "decode_partition_plan",
+        plan_mutants.split_doubled_above_the_partition_count,
+        "the split size doubles when the batch has more requests than partitions (fewer partials to merge)",
+        ("co_batch", "partition"),
+    ),
+)
+
+#: Mutants of the plan lifecycle (``replaces="lifecycle"``): the seed's regressions of the cold
+#: start, each caught by the lifecycle guards in ``caught_by`` (``tests/test_mutants.py``).
+LIFECYCLE_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "decode_partition_plan_skips_the_record",
+        "decode_partition_plan",
+        plan_mutants.skips_the_record,
+        "the cold start never records the partition count the kernel's plan left: no pinned plan is "
+        "ever built, the step fails closed forever",
+        ("cold_start_first_call_uses_the_pinned_plan", "cold_start_records_the_observed_partition_count"),
+        replaces="lifecycle",
+    ),
+    Mutant(
+        "decode_partition_plan_records_after_the_kernel",
+        "decode_partition_plan",
+        plan_mutants.records_after_the_kernel,
+        "the cold call's output (the kernel's own, batch-planned plan) is returned and the observation "
+        "recorded after it: the first call for a shape runs with the unpinned plan",
+        ("cold_start_first_call_uses_the_pinned_plan", "every_step_reads_its_own_pinned_plan"),
+        replaces="lifecycle",
+    ),
+    Mutant(
+        "decode_partition_plan_drops_the_install",
+        "decode_partition_plan",
+        plan_mutants.drops_the_install,
+        "the pinned plan is built but never installed: the kernel reads the plan it left itself",
+        ("cold_start_first_call_uses_the_pinned_plan", "pinned_plan_installs_both_metadata_tensors"),
+        replaces="lifecycle",
+    ),
+    Mutant(
+        "decode_partition_plan_drops_the_num_splits_install",
+        "decode_partition_plan",
+        plan_mutants.drops_the_num_splits_install,
+        "the install copies the schedule but not num_splits: the combine merges the in-kernel plan's "
+        "split counts",
+        ("pinned_plan_installs_both_metadata_tensors", "cold_start_first_call_uses_the_pinned_plan"),
+        replaces="lifecycle",
+    ),
+    Mutant(
+        "decode_partition_plan_returns_the_kernel_plan_when_the_build_fails",
+        "decode_partition_plan",
+        plan_mutants.returns_the_kernel_plan_when_the_build_fails,
+        "with no pinned plan buildable the step returns the kernel's run on its own plan instead of raising",
+        ("cold_start_fails_closed_without_an_observation",),
+        replaces="lifecycle",
     ),
 )
