@@ -319,3 +319,25 @@ def test_strict_enable_refuses_sdpa_and_counts_it_without_strict():
     with enable(strict=False) as stats:
         F.scaled_dot_product_attention(q, q, q)
     assert stats.fallback == {"scaled_dot_product_attention": 1}
+
+
+@any_lane
+@torch.no_grad()
+def test_enable_leaves_nothing_behind_after_an_exception():
+    from torch.overrides import _get_current_function_mode_stack
+
+    from batchinv.fast import aten_override, ops
+
+    a, b = torch.randn(4, 16, device=DEVICE), torch.randn(16, 8, device=DEVICE)
+    before = torch.mm(a, b)
+    with pytest.raises(RuntimeError, match="boom"), enable():
+        torch.mm(a, b)
+        raise RuntimeError("boom")
+    calls = ops.RUNTIME_CALLS.copy()
+    after = torch.mm(a, b)
+    assert ops.RUNTIME_CALLS == calls, "an operator still answers torch.mm"
+    assert not _get_current_function_mode_stack() and not aten_override._active
+    assert torch.equal(before, after)  # the library kernel is back
+    with enable() as stats:  # and a new block starts clean
+        torch.mm(a, b)
+    assert stats.pinned["matmul"] == 1 and not stats.fallback
