@@ -155,3 +155,26 @@ def test_a_requests_decode_attention_is_equal_in_two_buckets():
         for o, lse in replays:
             assert torch.equal(bits(o[:REAL]), bits(want_o))
             assert torch.equal(bits(lse[:REAL]), bits(want_lse))
+
+
+@pytest.mark.cpu
+@pytest.mark.gpu
+def test_a_kernel_reading_the_padding_rows_is_caught():
+    """The negative control of the two tests above: a kernel whose real rows read the bucket's
+    padding (here a column sum over all M rows added to each row) gives NaN rows with NaN
+    padding and other bits once the padding is rewritten, which is what those tests look for."""
+    k, n = 64, 32
+    weight = randn(n, k, seed=1, dtype=torch.bfloat16)
+    x = torch.full((bucket_of(REAL)[0], k), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    x[:REAL] = randn(REAL, k, seed=2, dtype=torch.bfloat16)
+
+    def leaky() -> tuple[torch.Tensor]:
+        out = matmul(x, weight, out_dtype=torch.float32)
+        return (out + 0.0 * x.float().sum(dim=0)[:n],)
+
+    def rewrite() -> None:
+        x[REAL:] = -65504.0
+
+    (first,), (second,) = launch(leaky, rewrite)
+    assert torch.isnan(first[:REAL]).all()  # NaN padding shows in every real row
+    assert not torch.equal(bits(first[:REAL]), bits(second[:REAL]))  # and junk changes the bits
