@@ -304,6 +304,10 @@ def _run(
         if component.configs is None:
             result.status, result.detail = "skip", "the component declares no configs"
             return
+        if isinstance(subject, Subject):
+            result.status = "skip"
+            result.detail = "the component's configs are executions of its own kernel, not the subject's"
+            return
         driver = invariance.config_equivalence(call, batch, _config_calls(component, batch, lane))
     elif check == "modes":
         fn = view.modes

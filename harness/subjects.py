@@ -213,11 +213,22 @@ def parse_spec(text: str, *, role: str = "fast", component: str | None = None) -
 
 
 def expected_parameters(fast: Callable[..., Any]) -> str:
-    """The component's parameters as a signature-like string, e.g. ``(x, weight, eps=1e-06)``."""
+    """The component's parameters as a signature-like string, e.g. ``(x, weight, eps=1e-06)``
+    (names and defaults; a ``*`` before keyword-only ones)."""
     try:
-        return str(inspect.signature(fast))
+        params = inspect.signature(fast).parameters.values()
     except (TypeError, ValueError):
         return "(?)"
+    parts: list[str] = []
+    star = False
+    for p in params:
+        if p.kind is p.KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        text = p.name if p.default is p.empty else f"{p.name}={p.default!r}"
+        parts.append(("**" if p.kind is p.VAR_KEYWORD else "*" if p.kind is p.VAR_POSITIONAL else "") + text)
+        star = star or p.kind is p.VAR_POSITIONAL
+    return "(" + ", ".join(parts) + ")"
 
 
 def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
