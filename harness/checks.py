@@ -19,7 +19,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -40,6 +40,7 @@ from batchinv.harness.registry import (
     ROW_CHECKS,
     ROW_OFFSET_RANDOM,
     ROW_OFFSETS,
+    Baseline,
     Batch,
     Case,
     Component,
@@ -50,6 +51,7 @@ from batchinv.harness.registry import (
     co_batch_sizes,
     m_sweep,
 )
+from batchinv.harness.subjects import Subject, Unsupported, accepts_partition, bound_call
 from batchinv.reference.exact import round_once
 
 FAST = "fast"
@@ -91,6 +93,8 @@ class CheckResult:
     repro: str = ""
     negative_control: bool = False
     pin_candidate: bool = False
+    #: an outside subject's import path (``pkg.mod:attr``; "" for ours and in-process callables)
+    subject_target: str = ""
     m_cut: bool = False  # --max-m removed an M value this case could have run
 
     def to_json(self) -> str:
@@ -98,26 +102,62 @@ class CheckResult:
         return strict_json.dumps(asdict(self))
 
 
+#: What a check runs: ``fast``, a baseline's name, or an outside :class:`Subject`.
+SubjectLike: TypeAlias = str | Subject
+
+
+def subject_name(subject: SubjectLike) -> str:
+    """The name a report row gives the subject."""
+    return subject.name if isinstance(subject, Subject) else subject
+
+
 def repro_command(
-    component: str, subject: str, check: str, case: Case, lane: Lane, m_limit: int | None = None
+    component: str, subject: SubjectLike, check: str, case: Case, lane: Lane, m_limit: int | None = None
 ) -> str:
     """The one-line command that re-runs exactly this check on exactly this case: every option
     that changes what runs (lane, seed, axes, ``--max-m``) is on it, and it is one physical line
-    (the axes are compact JSON, shell-quoted)."""
+    (the axes are compact JSON, shell-quoted).  An outside subject appears as
+    ``--subject name=pkg.mod:attr`` (re-imported by the repro; ``--as baseline`` for a negative
+    control); an in-process callable has no import path, so its line names it alone."""
     max_m = f" --max-m {m_limit}" if m_limit is not None else ""
+    if isinstance(subject, Subject):
+        spelled = shlex.quote(subject.spec) + (" --as baseline" if subject.is_baseline else "")
+    else:
+        spelled = subject
     return (
-        f"batchinv repro {component} --check {check} --subject {subject} --lane {lane.value} "
+        f"batchinv repro {component} --check {check} --subject {spelled} --lane {lane.value} "
         f"--seed {case.seed}{max_m} --axes {shlex.quote(case.axes_json())}"
     )
 
 
-def _impl(component: Component, subject: str) -> Any:
-    return component.fast if subject == FAST else component.baseline(subject).fn
+@dataclass(frozen=True)
+class _View:
+    """A subject as a check runs it."""
+
+    call: Callable[..., Any]
+    fast_path: Callable[[Batch], bool] | None  # ``fast`` only: Component.fast_path
+    accepts_partition: bool
+    modes: Callable[..., Any] | None  # what the modes check compiles (None: skip)
+
+
+def _baseline_of(component: Component, subject: SubjectLike) -> Baseline | None:
+    if isinstance(subject, Subject) or subject == FAST:
+        return None
+    return component.baseline(subject)
+
+
+def _view(component: Component, subject: SubjectLike) -> _View:
+    if isinstance(subject, Subject):
+        return _View(bound_call(component, subject), None, accepts_partition(component, subject), None)
+    if subject == FAST:
+        return _View(component.fast, component.fast_path, True, component.torch_op)
+    b = component.baseline(subject)
+    return _View(b.fn, None, b.accepts_partition, b.modes)
 
 
 def run_check(
     component: Component,
-    subject: str,
+    subject: SubjectLike,
     check: str,
     case: Case,
     lane: Lane,
@@ -126,17 +166,21 @@ def run_check(
 ) -> CheckResult:
     """Run ``check`` (see :data:`registry.CHECKS`) of ``subject`` on ``case`` and report it.
 
-    Never raises for a failure inside the check: a crash becomes a ``status="error"`` row with
-    the traceback's last line in ``detail``.  A pin candidate runs in a subprocess under its
+    ``subject`` is ``fast``, a baseline's name, or an outside :class:`Subject`.  Never raises for
+    a failure inside the check: a crash becomes a ``status="error"`` row with the traceback's
+    last line in ``detail``; a case an outside subject cannot express (its adapter raised
+    :class:`Unsupported`) is a ``skip``.  A pin candidate runs in a subprocess under its
     environment (see :func:`run_checks`).
     """
-    baseline = None if subject == FAST else component.baseline(subject)
+    baseline = _baseline_of(component, subject)
     if baseline is not None and baseline.is_pin_candidate and os.environ.get(_CHILD_ENV) != "1":
         return run_checks(component, subject, check, [case], lane, m_limit=m_limit)[0]
     result = _new_result(component, subject, check, case, lane, m_limit)
     start = time.perf_counter()
     try:
         _run(component, subject, check, case, lane, result, m_limit)
+    except Unsupported as exc:  # the subject cannot express this case: not a pass, not a failure
+        result.status, result.detail = "skip", f"unsupported by the subject: {exc}"
     except Exception as exc:  # an error row, and the sweep goes on
         result.status = "error"
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
@@ -146,13 +190,14 @@ def run_check(
 
 
 def _new_result(
-    component: Component, subject: str, check: str, case: Case, lane: Lane, m_limit: int | None = None
+    component: Component, subject: SubjectLike, check: str, case: Case, lane: Lane, m_limit: int | None = None
 ) -> CheckResult:
     """The report row of a check before it runs (status ``error`` until the check says else)."""
-    baseline = None if subject == FAST else component.baseline(subject)
+    baseline = _baseline_of(component, subject)
+    outside = subject if isinstance(subject, Subject) else None
     return CheckResult(
         component=component.name,
-        subject=subject,
+        subject=subject_name(subject),
         check=check,
         case=case.id,
         axes=dict(case.axes),
@@ -160,14 +205,16 @@ def _new_result(
         lane=lane.value,
         status="error",
         repro=repro_command(component.name, subject, check, case, lane, m_limit),
-        negative_control=baseline is not None and not baseline.is_pin_candidate,
+        negative_control=(baseline is not None and not baseline.is_pin_candidate)
+        or (outside is not None and outside.is_baseline),
         pin_candidate=baseline is not None and baseline.is_pin_candidate,
+        subject_target=(outside.target or "") if outside is not None else "",
     )
 
 
 def _run(
     component: Component,
-    subject: str,
+    subject: SubjectLike,
     check: str,
     case: Case,
     lane: Lane,
@@ -176,8 +223,9 @@ def _run(
 ) -> None:
     device = torch.device(lane_device(lane))
     batch = built(component, case, device)
-    impl = _impl(component, subject)
-    launches = _Launches(component.fast_path if subject == FAST else None)
+    view = _view(component, subject)
+    impl = view.call
+    launches = _Launches(view.fast_path)
 
     def call(b: Batch) -> Outputs:
         launches.note(b)
@@ -230,8 +278,7 @@ def _run(
         driver = invariance.row_start(call, batch, component.shift_row_start, offsets, generator)
     elif check == "partition":
         arg = component.partition_arg
-        accepts = subject == FAST or component.baseline(subject).accepts_partition
-        if arg is None or not accepts:
+        if arg is None or not view.accepts_partition:
             result.status, result.detail = "skip", "no partition parameter"
             return
 
@@ -257,9 +304,13 @@ def _run(
         if component.configs is None:
             result.status, result.detail = "skip", "the component declares no configs"
             return
+        if isinstance(subject, Subject):
+            result.status = "skip"
+            result.detail = "the component's configs are executions of its own kernel, not the subject's"
+            return
         driver = invariance.config_equivalence(call, batch, _config_calls(component, batch, lane))
     elif check == "modes":
-        fn = _mode_subject(component, subject)
+        fn = view.modes
         if fn is None:
             result.status, result.detail = "skip", "not an operator (no torch_op; a baseline without modes)"
             return
@@ -314,14 +365,6 @@ def _request_check(
     result.m_cut = len(sizes) < len(lane_sizes) and any(p.num_rows > 0 for p in pools.values())
     others: Batch | dict[str, Batch] = pools[""] if "" in pools else pools
     return invariance.co_batch(call, batch, others, model, sizes, generator)
-
-
-def _mode_subject(component: Component, subject: str) -> Callable[..., Any] | None:
-    """The callable the ``modes`` check runs: the component's operator for ``fast``, a
-    baseline's unchecked torch path (``Baseline.modes``) for a baseline; None: skip."""
-    if subject == FAST:
-        return component.torch_op
-    return component.baseline(subject).modes
 
 
 #: ``torch.compile`` backend per lane kind: Inductor on GPU lanes; AOT autograd without code
@@ -537,7 +580,38 @@ def _toleranced_agreement(
             hard_bad = [t for t in hard_reports if not t.within]
             text += f"; worst error / rigorous bound {hard_ratio:.3g}" + (" (exceeded)" if hard_bad else "")
         parts.append(text)
-    result.detail = "; ".join(parts)
+    if result.status == "fail":
+        parts.append(_diagnosis(agreement, batch, fast_out))
+    result.detail = "; ".join(p for p in parts if p)
+
+
+def _diagnosis(agreement: Toleranced, batch: Batch, fast_out: Outputs) -> str:
+    """The failure's likely cause: the first of ``agreement.precision_models`` whose outputs the
+    failing ``fast_out`` meets within the judged bound (every element, the exact envelope
+    included), phrased as the model's diagnosis with the worst error / bound around it; "" when
+    none matches (or none applies to the batch: a model that raises is not considered)."""
+    for model in agreement.precision_models:
+        try:
+            modelled = as_outputs(model.fn(**batch.kwargs()))
+        except Exception:  # the flaw cannot occur on this batch (TF32 on bf16 inputs)
+            continue
+        if len(modelled) != len(fast_out):
+            continue
+        hard = agreement.bound(batch, modelled)
+        tight = agreement.tight_bound(batch, modelled) if agreement.tight_bound is not None else None
+        ratios = []
+        for i, (m, f) in enumerate(zip(modelled, fast_out, strict=True)):
+            judged = torch.broadcast_to(hard[i].to(m.device, torch.float64), m.shape)
+            if tight is not None:
+                judged = torch.minimum(judged, tight[i].to(m.device, torch.float64))
+            report = compare_tolerance(m, f, judged)
+            if not report.within:
+                break
+            ratios.append(report.worst_ratio)
+        else:
+            worst = max(ratios, default=0.0)
+            return f"{model.diagnosis} (worst error / bound around the {model.name} model {worst:.3g})"
+    return ""
 
 
 class BaselineCrashed(RuntimeError):
@@ -545,7 +619,7 @@ class BaselineCrashed(RuntimeError):
 
 
 def control_results(
-    component: Component, baseline: str, lane: Lane, *, m_limit: int | None = None
+    component: Component, baseline: SubjectLike, lane: Lane, *, m_limit: int | None = None
 ) -> Iterator[CheckResult]:
     """The negative control of ``baseline``: its invariance checks over the lane's cases, in
     order, ending after the first check that finds variance (``fail``) or crashes (``error``)."""
@@ -559,7 +633,7 @@ def control_results(
 
 
 def negative_control(
-    component: Component, baseline: str, lane: Lane, *, m_limit: int | None = None
+    component: Component, baseline: SubjectLike, lane: Lane, *, m_limit: int | None = None
 ) -> list[CheckResult]:
     """Run the negative control of ``baseline`` and raise on what it finds.
 
@@ -572,15 +646,16 @@ def negative_control(
         Every result, when no check found variance (the control is inconclusive here).
     """
     results = []
+    label = subject_name(baseline)
     for r in control_results(component, baseline, lane, m_limit=m_limit):
         results.append(r)
         if r.status == "error":
             raise BaselineCrashed(
-                f"{component.name}/{baseline} crashed in {r.check} [{r.case}]: {r.detail}\n  repro: {r.repro}"
+                f"{component.name}/{label} crashed in {r.check} [{r.case}]: {r.detail}\n  repro: {r.repro}"
             )
         if r.status == "fail":
             raise invariance.VarianceDetected(
-                f"{component.name}/{baseline} varies in {r.check} [{r.case}]: {r.detail}\n  repro: {r.repro}"
+                f"{component.name}/{label} varies in {r.check} [{r.case}]: {r.detail}\n  repro: {r.repro}"
             )
     return results
 
@@ -590,7 +665,7 @@ _CHILD_ENV = "BATCHINV_CHECK_CHILD"
 
 def run_checks(
     component: Component,
-    subject: str,
+    subject: SubjectLike,
     check: str,
     cases: Sequence[Case],
     lane: Lane,
@@ -599,13 +674,15 @@ def run_checks(
 ) -> list[CheckResult]:
     """:func:`run_check` over ``cases``; a pin candidate runs them all in one subprocess (its
     environment is read once, at library handle creation, and a process start costs seconds)."""
-    baseline = None if subject == FAST else component.baseline(subject)
+    baseline = _baseline_of(component, subject)
     if baseline is None or not baseline.is_pin_candidate or os.environ.get(_CHILD_ENV) == "1":
         return [run_check(component, subject, check, case, lane, m_limit=m_limit) for case in cases]
     results = [_new_result(component, subject, check, case, lane, m_limit) for case in cases]
     start = time.perf_counter()
     try:
-        children = _spawn_child(component.name, subject, check, cases, lane, m_limit, baseline.env or {})
+        children = _spawn_child(
+            component.name, subject_name(subject), check, cases, lane, m_limit, baseline.env or {}
+        )
         for result, child in zip(results, children, strict=True):
             for key in (
                 "status",

@@ -16,6 +16,7 @@ from typing import Any
 
 from batchinv.harness.console import wide_console
 from batchinv.harness.lanes import Lane, detect_lane, enter_lane, parse_lane
+from batchinv.harness.subjects import SubjectError
 
 
 class UsageError(Exception):
@@ -84,8 +85,88 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
         n = len(comp.cases(lane)) if lane in comp.lanes else 0
         table.add_row(comp.name, comp.summary, kind, ", ".join(comp.applicable_checks()), baselines, str(n))
-    wide_console().print(table)
+    console = wide_console()
+    console.print(table)
+    if not args.no_entry_points:
+        _print_entry_points(console, args.components or None)
     return 0
+
+
+def _print_entry_points(console: Any, names: list[str] | None) -> None:
+    """The outside subjects packages declare (entry-point group ``batchinv.subjects``)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from batchinv.harness.subjects import ENTRY_POINT_GROUP, entry_point_subjects, resolve_role
+
+    found = entry_point_subjects(names)
+    if not found:
+        console.print(f"no outside subjects (entry-point group {ENTRY_POINT_GROUP})")
+        return
+    table = Table(title=f"outside subjects (entry-point group {ENTRY_POINT_GROUP})")
+    for col in ("component", "subject", "import path", "role", "package"):
+        table.add_column(col)
+    for ep in found:
+        try:
+            role = resolve_role(ep.subject).role
+        except SubjectError as exc:
+            role = f"[red]cannot import: {escape(str(exc))}[/]"
+        table.add_row(ep.component, ep.subject.name, escape(ep.subject.target or ""), role, ep.dist)
+    console.print(table)
+
+
+def _importable_cwd() -> None:
+    """Put the working directory on ``sys.path`` (as ``python -m`` does), so that ``--subject
+    mymod:fn`` finds a module next to the user; the ``batchinv`` script's own ``sys.path[0]`` is
+    its bin directory."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
+def _outside_subjects(args: argparse.Namespace, names: list[str]) -> tuple[list[str], dict[str, list[Any]]]:
+    """The sweep's components and outside subjects per component: the ``--subject`` ones (then
+    only those), else every entry-point subject of the swept components (unless
+    ``--no-entry-points``).  Each is imported and its signature checked against its component's
+    before anything runs (a usage error otherwise)."""
+    from dataclasses import replace
+
+    from batchinv.harness.registry import get
+    from batchinv.harness.subjects import check_signature, entry_point_subjects, parse_spec, resolve_role
+
+    subjects: dict[str, list[Any]] = {}
+    if args.subject:
+        _importable_cwd()
+        declared: dict[str, Any] = {}
+        for spec in args.subject:
+            if "=" in spec or ":" in spec:
+                subject = resolve_role(parse_spec(spec))
+                component = subject.component or (names[0] if len(names) == 1 else None)
+                if component is None:
+                    raise UsageError(
+                        f"--subject {spec}: name its component, one of them "
+                        f"(batchinv sweep <component> --subject {spec}); got {names or 'none'}"
+                    )
+                subject = replace(subject, component=component)
+            else:
+                if not declared:
+                    declared = {(e.subject.name): e for e in entry_point_subjects(names or None)}
+                if spec not in declared:
+                    raise UsageError(
+                        f"--subject: expected 'name=pkg.mod:attr' or an entry-point subject "
+                        f"({', '.join(sorted(declared)) or 'none declared'}), got {spec!r}"
+                    )
+                subject = resolve_role(declared[spec].subject)
+            subjects.setdefault(subject.component, []).append(subject)
+    elif not args.no_entry_points:
+        for ep in entry_point_subjects(names or None):
+            subjects.setdefault(ep.component, []).append(resolve_role(ep.subject))
+    for component, found in subjects.items():
+        for i, subject in enumerate(found):
+            if args.as_role is not None:
+                found[i] = subject = replace(subject, role=args.as_role)
+            check_signature(get(component), subject)
+    swept = names or (list(subjects) if args.subject else [])
+    return swept, subjects
 
 
 def _report_path(args: argparse.Namespace, lane: Lane) -> Path:
@@ -132,7 +213,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     lane = _lane(args)
     console = wide_console()
-    comps = components(args.components or None)
+    if args.as_role is not None and not args.subject:
+        raise UsageError("--as: applies to --subject; give one")
+    names, subjects = _outside_subjects(args, list(args.components))
+    comps = components(names or None)
+    only_outside = bool(args.subject)  # --subject: the named subjects alone
     jobs = _jobs(args, lane)
     report_path = _report_path(args, lane)
     env = environment(lane)
@@ -140,7 +225,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         f"[bold]batchinv sweep[/] lane={lane.value} device={env['device']} torch={env['torch']} "
         f"triton={env['triton']} ftz={env['flushes_subnormal_result']} jobs={jobs}"
     )
-    tasks = plan(comps, lane)
+    for comp_name, found in subjects.items():
+        for subject in found:
+            console.print(
+                f"subject {comp_name}/{subject.name} = {subject.target} (as {subject.role})",
+                markup=False,
+                highlight=False,
+            )
+    include_baselines = not args.no_baselines and not only_outside
+    tasks = plan(
+        comps, lane, subjects=subjects, include_fast=not only_outside, include_baselines=include_baselines
+    )
     try:
         with (
             JsonlReport(report_path) as report,
@@ -154,15 +249,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 disable=args.no_progress,
             ) as progress,
         ):
-            report.write("header", {**env, "jobs": jobs, "max_m": args.max_m})
+            report.write(
+                "header",
+                {
+                    **env,
+                    "jobs": jobs,
+                    "max_m": args.max_m,
+                    "subjects": {c: [s.spec for s in found] for c, found in subjects.items()},
+                },
+            )
             bar = progress.add_task("sweep", total=len(tasks))
 
             def on_result(r: CheckResult) -> None:
                 report.check(r)
                 progress.update(bar, advance=1, description=f"{r.component} {r.subject} {r.check}")
                 if r.status in ("fail", "error") and not (r.negative_control or r.pin_candidate):
+                    who = r.component if r.subject == "fast" else f"{r.component}/{r.subject}"
                     progress.console.print(
-                        f"{r.status.upper()} {r.component} {r.check} {r.case}: {r.detail}",
+                        f"{r.status.upper()} {who} {r.check} {r.case}: {r.detail}",
                         markup=False,
                         highlight=False,
                         soft_wrap=True,
@@ -175,8 +279,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 on_result=on_result,
                 on_skip=lambda n: progress.update(bar, advance=n),
                 m_limit=args.max_m,
-                include_baselines=not args.no_baselines,
+                include_baselines=include_baselines,
                 jobs=jobs,
+                subjects=subjects,
+                include_fast=not only_outside,
             )
             report.write("summary", outcome.summary())
     except KeyboardInterrupt:
@@ -266,14 +372,27 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
     lane = _lane(args)
     comp = get(args.component)
-    if args.subject != FAST:
+    subject: Any = args.subject
+    if "=" in args.subject or ":" in args.subject:  # an outside subject, re-imported
+        from dataclasses import replace
+
+        from batchinv.harness.subjects import check_signature, parse_spec, resolve_role
+
+        _importable_cwd()
+        subject = resolve_role(parse_spec(args.subject, component=comp.name))
+        if args.as_role is not None:
+            subject = replace(subject, role=args.as_role)
+        check_signature(comp, subject)
+    elif args.subject != FAST:
         try:
             comp.baseline(args.subject)
         except KeyError:
             names = [FAST, *(b.name for b in comp.baselines)]
-            raise UsageError(f"--subject: expected one of {names}, got {args.subject!r}") from None
+            raise UsageError(
+                f"--subject: expected one of {names} or 'name=pkg.mod:attr', got {args.subject!r}"
+            ) from None
     case = _validated_case(comp, lane, _axes(args.axes), args.seed, args.check)
-    r = run_check(comp, args.subject, args.check, case, lane, m_limit=args.max_m)
+    r = run_check(comp, subject, args.check, case, lane, m_limit=args.max_m)
     print(f"{r.component} {r.subject} {r.check} [{r.case}] lane={lane.value}: {r.status.upper()}")
     if r.where:
         print("  where: " + ", ".join(r.where))
@@ -323,6 +442,29 @@ def build_parser() -> argparse.ArgumentParser:
     def add_lane(p: argparse.ArgumentParser) -> None:
         p.add_argument("--lane", choices=[lane.value for lane in Lane], help="force a lane (default: detect)")
 
+    def add_subject_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--subject",
+            action="append",
+            default=[],
+            metavar="NAME=PKG.MOD:ATTR",
+            help=(
+                "sweep your own kernel: a callable with the component's signature (or a "
+                "batchinv.harness.subjects.declare(...) with an Adapter), or the name of an "
+                "entry-point subject; repeatable; then only the named subjects run"
+            ),
+        )
+        p.add_argument(
+            "--as",
+            dest="as_role",
+            choices=["fast", "baseline"],
+            default=None,
+            help=(
+                "run the --subject(s) as 'fast' (agreement and every invariance check) or as a "
+                "'baseline' (a negative control: it must vary); default: the declared role, else fast"
+            ),
+        )
+
     p = sub.add_parser("sweep", help="run every registered component's checks on this lane")
     p.add_argument("components", nargs="*", help="only these components (default: all)")
     add_lane(p)
@@ -335,17 +477,33 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="worker processes ('auto': one per core, at most 12; 1: run in this process)",
     )
+    add_subject_options(p)
+    p.add_argument(
+        "--no-entry-points",
+        action="store_true",
+        help="leave out the subjects packages declare in the entry-point group batchinv.subjects",
+    )
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("list", help="list registered components")
+    p = sub.add_parser("list", help="list registered components and outside subjects (entry points)")
     p.add_argument("components", nargs="*")
+    p.add_argument("--no-entry-points", action="store_true", help="leave out the entry-point subjects")
     add_lane(p)
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("repro", help="re-run exactly one check on exactly one case")
     p.add_argument("component")
     p.add_argument("--check", required=True)
-    p.add_argument("--subject", default="fast", help="'fast' or a baseline name")
+    p.add_argument(
+        "--subject", default="fast", help="'fast', a baseline name, or an outside subject 'name=pkg.mod:attr'"
+    )
+    p.add_argument(
+        "--as",
+        dest="as_role",
+        choices=["fast", "baseline"],
+        default=None,
+        help="an outside subject's role (its declared one, else fast)",
+    )
     p.add_argument("--seed", type=_seed, required=True)
     p.add_argument("--axes", required=True, help="the case's axes as JSON")
     p.add_argument("--max-m", type=_positive_int, default=None)
@@ -375,6 +533,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except (KeyError, UsageError) as exc:
         print(f"batchinv: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    except SubjectError as exc:
+        print(f"batchinv: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\nbatchinv: interrupted", file=sys.stderr)

@@ -194,6 +194,25 @@ class Exact:
 
 
 @dataclass(frozen=True)
+class PrecisionModel:
+    """A known precision flaw, modelled, so that an agreement failure can say what it looks like.
+
+    Attributes:
+        name: what the flaw is called in the message (``"TF32"``).
+        fn: a model of a kernel with the flaw, with the reference's signature and outputs (fp64):
+            e.g. the reference on operands first rounded to TF32.  It may raise where the flaw
+            cannot occur (TF32 on bf16 inputs): the model is then not considered.
+        diagnosis: the sentence an agreement failure gets when the output meets the judged bound
+            around the model's outputs (while it missed the reference's): what the subject
+            probably does.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    diagnosis: str
+
+
+@dataclass(frozen=True)
 class Toleranced:
     """Agreement within a derived bound, and bitwise where the result is one rounding of an
     exactly computed value.
@@ -218,6 +237,10 @@ class Toleranced:
             (a NaN matches any NaN); there the reference must be that exact value to fp64.  The
             tolerance applies to the other elements.  None: no element is held bitwise.
         exact_justification: the envelope of ``exact`` and why the kernel is exact inside it.
+        precision_models: known precision flaws (:class:`PrecisionModel`) an agreement failure is
+            compared with: one whose outputs the failing output meets within the judged bound is
+            named in the failure's detail ("the error is TF32-sized: ...").  It never changes a
+            verdict.
     """
 
     bound: Callable[[Batch, Outputs], Outputs]
@@ -227,6 +250,7 @@ class Toleranced:
     tight_justification: str = ""
     exact: Callable[[Batch, Outputs], Outputs] | None = None
     exact_justification: str = ""
+    precision_models: tuple[PrecisionModel, ...] = ()
 
 
 @dataclass(frozen=True)

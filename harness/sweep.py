@@ -26,21 +26,32 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from multiprocessing import get_context
-from typing import Any
+from typing import Any, TypeAlias
 
 from batchinv.harness import compile_stats
-from batchinv.harness.checks import FAST, REFERENCE_PATH, CheckResult, control_results, run_check, run_checks
+from batchinv.harness.checks import (
+    FAST,
+    REFERENCE_PATH,
+    CheckResult,
+    SubjectLike,
+    control_results,
+    run_check,
+    run_checks,
+    subject_name,
+)
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import INVARIANCE_CHECKS, Baseline, Component
+from batchinv.harness.subjects import Subject
 
 
 @dataclass
 class CheckSummary:
-    """Aggregate of one (component, check) over every case, for the fast kernel."""
+    """Aggregate of one (component, check) over every case, for the fast kernel or an outside
+    subject checked like it (``subject``)."""
 
     component: str
     check: str
@@ -56,6 +67,8 @@ class CheckSummary:
     first_difference: str = ""
     seconds: float = 0.0
     detected_by: list[str] = field(default_factory=list)
+    subject: str = FAST
+    subject_target: str = ""  # an outside subject's import path
 
     @property
     def cases(self) -> int:
@@ -110,6 +123,7 @@ class ControlSummary:
     repro: str = ""
     cases: int = 0
     seconds: float = 0.0
+    subject_target: str = ""  # an outside subject's import path (``--as baseline``)
 
     @property
     def is_failure(self) -> bool:
@@ -151,12 +165,23 @@ class SweepOutcome:
 @dataclass(frozen=True)
 class Task:
     component: Component
-    subject: str
+    subject: SubjectLike
     check: str
     case_index: int
 
 
-def plan(components: Sequence[Component], lane: Lane) -> list[Task]:
+#: Outside subjects of a sweep, per component name.
+Subjects: TypeAlias = Mapping[str, Sequence[Subject]]
+
+
+def plan(
+    components: Sequence[Component],
+    lane: Lane,
+    *,
+    subjects: Subjects | None = None,
+    include_fast: bool = True,
+    include_baselines: bool = True,
+) -> list[Task]:
     """Every task of a sweep, in order (negative-control tasks may be cut short at run time)."""
     tasks: list[Task] = []
     for comp in components:
@@ -164,10 +189,19 @@ def plan(components: Sequence[Component], lane: Lane) -> list[Task]:
             continue
         cases = comp.cases(lane)
         checks = comp.applicable_checks()
-        tasks += [Task(comp, FAST, ch, i) for i in range(len(cases)) for ch in checks]
-        for b in _baselines(comp, lane):
+        fast_like: list[SubjectLike] = [FAST] if include_fast else []
+        controls: list[SubjectLike] = []
+        for subj in (subjects or {}).get(comp.name, ()):
+            (controls if subj.is_baseline else fast_like).append(subj)
+        for subject in fast_like:
+            tasks += [Task(comp, subject, ch, i) for i in range(len(cases)) for ch in checks]
+        for b in _baselines(comp, lane) if include_baselines else []:
             b_checks = ("batch_prefix",) if b.is_pin_candidate else _invariance_checks(comp)
             tasks += [Task(comp, b.name, ch, i) for i in range(len(cases)) for ch in b_checks]
+        for subject in controls:
+            tasks += [
+                Task(comp, subject, ch, i) for i in range(len(cases)) for ch in _invariance_checks(comp)
+            ]
     return tasks
 
 
@@ -181,31 +215,45 @@ def _invariance_checks(comp: Component) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Unit:
-    """Work one process does in one go: every check of one case on the fast kernel
-    (``case_index`` set), or a baseline's whole control (``case_index`` None)."""
+    """Work one process does in one go: every check of one case on the fast kernel or an
+    outside subject checked like it (``case_index`` set), or a baseline's (or an outside
+    negative control's) whole control (``case_index`` None)."""
 
     component: str
-    subject: str
+    subject: SubjectLike
     case_index: int | None = None
 
 
-def _units(components: Sequence[Component], lane: Lane, include_baselines: bool) -> list[Unit]:
-    """Baselines first (a control runs its cases one after another, the longest chains), then
-    each case of the fast kernel."""
+def _units(
+    components: Sequence[Component],
+    lane: Lane,
+    include_baselines: bool,
+    subjects: Subjects | None = None,
+    include_fast: bool = True,
+) -> list[Unit]:
+    """Controls first (a control runs its cases one after another, the longest chains), then
+    each case of the fast kernel and of each outside subject checked like it."""
     units: list[Unit] = []
+    outside = {c.name: list((subjects or {}).get(c.name, ())) for c in components}
     if include_baselines:
         units += [Unit(c.name, b.name) for c in components for b in _baselines(c, lane)]
-    units += [Unit(c.name, FAST, i) for c in components for i in range(len(c.cases(lane)))]
+    units += [Unit(c.name, s) for c in components for s in outside[c.name] if s.is_baseline]
+    for c in components:
+        fast_like: list[SubjectLike] = [FAST] if include_fast else []
+        fast_like += [s for s in outside[c.name] if not s.is_baseline]
+        units += [Unit(c.name, s, i) for s in fast_like for i in range(len(c.cases(lane)))]
     return units
 
 
 def run_unit(comp: Component, unit: Unit, lane: Lane, m_limit: int | None) -> list[CheckResult]:
     """The results of one unit, in order (a control ends at its first detection or crash)."""
-    if unit.subject == FAST:
-        assert unit.case_index is not None
+    subject = unit.subject.loaded() if isinstance(unit.subject, Subject) else unit.subject
+    if unit.case_index is not None:
         case = comp.cases(lane)[unit.case_index]
-        return [run_check(comp, FAST, ch, case, lane, m_limit=m_limit) for ch in comp.applicable_checks()]
-    baseline = comp.baseline(unit.subject)
+        return [run_check(comp, subject, ch, case, lane, m_limit=m_limit) for ch in comp.applicable_checks()]
+    if isinstance(subject, Subject):
+        return list(control_results(comp, subject, lane, m_limit=m_limit))
+    baseline = comp.baseline(subject)
     if baseline.is_pin_candidate:  # one subprocess for every case; where it varies is the finding
         return run_checks(comp, baseline.name, "batch_prefix", comp.cases(lane), lane, m_limit=m_limit)
     return list(control_results(comp, baseline.name, lane, m_limit=m_limit))
@@ -283,7 +331,12 @@ def _execute(
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         for unit in units:
-            pending[pool.submit(_worker_run, unit, lane.value, m_limit)] = unit
+            sent = (
+                Unit(unit.component, unit.subject.without_fn(), unit.case_index)
+                if isinstance(unit.subject, Subject)
+                else unit
+            )
+            pending[pool.submit(_worker_run, sent, lane.value, m_limit)] = unit
     finally:
         signal.signal(signal.SIGINT, previous)
     try:
@@ -322,49 +375,72 @@ def run_sweep(
     m_limit: int | None = None,
     include_baselines: bool = True,
     jobs: int = 1,
+    subjects: Subjects | None = None,
+    include_fast: bool = True,
 ) -> SweepOutcome:
     """Run the sweep; ``on_result`` sees every result as it is made, ``on_skip`` is told how many
     planned tasks a detected negative control made unnecessary (for the progress bar).
 
-    ``jobs > 1`` runs the units in that many worker processes (registered components only).
+    ``subjects``: outside subjects per component name (:class:`Subject`), each checked like the
+    fast kernel (agreement and every invariance check) or, with role ``baseline``, run as a
+    negative control that must vary.  ``include_fast=False`` leaves out the component's own
+    fast kernel (a sweep of outside subjects alone).  ``jobs > 1`` runs the units in that many
+    worker processes (registered components, and outside subjects with an import path, only).
     Raises ``KeyboardInterrupt`` through after ending the workers.
     """
     start = time.perf_counter()
     comps = [c for c in components if lane in c.lanes]
     if jobs > 1:
         _check_registered(comps)
+        for subject_list in (subjects or {}).values():
+            for s in subject_list:
+                s.without_fn()  # an in-process callable cannot reach a worker: refused here
     by_name = {c.name: c for c in comps}
-    checks: dict[tuple[str, str], CheckSummary] = {}
+    checks: dict[tuple[str, str, str], CheckSummary] = {}
     controls: dict[tuple[str, str], ControlSummary] = {}
     for comp in comps:
-        for ch in comp.applicable_checks():
-            checks[(comp.name, ch)] = CheckSummary(comp.name, ch)
+        outside = list((subjects or {}).get(comp.name, ()))
+        fast_like = ([(FAST, "")] if include_fast else []) + [
+            (s.name, s.target or "") for s in outside if not s.is_baseline
+        ]
+        for name, target in fast_like:
+            for ch in comp.applicable_checks():
+                checks[(comp.name, name, ch)] = CheckSummary(
+                    comp.name, ch, subject=name, subject_target=target
+                )
         if include_baselines:
             for b in _baselines(comp, lane):
                 controls[(comp.name, b.name)] = ControlSummary(
                     comp.name, b.name, b.is_pin_candidate, lane in b.expected_to_vary_on
                 )
+        for s in outside:
+            if s.is_baseline:
+                controls[(comp.name, s.name)] = ControlSummary(
+                    comp.name, s.name, False, True, subject_target=s.target or ""
+                )
     failures: list[CheckResult] = []
     stats = compile_stats.CompileStats()
     for unit, results, unit_stats in _execute(
-        by_name, _units(comps, lane, include_baselines), lane, m_limit, jobs
+        by_name, _units(comps, lane, include_baselines, subjects, include_fast), lane, m_limit, jobs
     ):
         stats = stats + unit_stats
         comp = by_name[unit.component]
-        if unit.subject == FAST:
+        name = subject_name(unit.subject)
+        if unit.case_index is not None:
             for r in results:
                 on_result(r)
-                checks[(comp.name, r.check)].add(r)
+                checks[(comp.name, name, r.check)].add(r)
                 if r.status in ("fail", "error"):
                     failures.append(r)
             continue
-        baseline = comp.baseline(unit.subject)
-        ctrl = controls[(comp.name, baseline.name)]
-        planned = len(comp.cases(lane)) * (1 if baseline.is_pin_candidate else len(_invariance_checks(comp)))
-        _fold_control(ctrl, baseline, results, checks, on_result)
+        baseline = comp.baseline(name) if isinstance(unit.subject, str) else None
+        ctrl = controls[(comp.name, name)]
+        pin = baseline is not None and baseline.is_pin_candidate
+        planned = len(comp.cases(lane)) * (1 if pin else len(_invariance_checks(comp)))
+        _fold_control(ctrl, name, pin, results, checks, on_result)
         on_skip(planned - len(results))
         if ctrl.verdict == "inconclusive":
-            if baseline.is_pin_candidate:
+            if pin:
                 ctrl.verdict = "invariant"
             elif any(r.m_cut for r in results):
                 ctrl.verdict = f"not reached (--max-m {m_limit})"
@@ -380,9 +456,10 @@ def run_sweep(
 
 def _fold_control(
     ctrl: ControlSummary,
-    baseline: Baseline,
+    name: str,
+    pin_candidate: bool,
     results: list[CheckResult],
-    checks: dict[tuple[str, str], CheckSummary],
+    checks: dict[tuple[str, str, str], CheckSummary],
     on_result: Callable[[CheckResult], None],
 ) -> None:
     """A control's verdict from its results: a crash is ``error`` whatever else happened."""
@@ -392,11 +469,12 @@ def _fold_control(
         ctrl.seconds += r.seconds
         ctrl.cases += 1
         if r.status == "fail":
-            checks[(r.component, r.check)].detected_by.append(baseline.name)
+            if (r.component, FAST, r.check) in checks:
+                checks[(r.component, FAST, r.check)].detected_by.append(name)
             wheres.append(f"{r.check} [{r.case}] {', '.join(r.where[:4])}")
             if ctrl.verdict == "inconclusive":
                 ctrl.detail, ctrl.repro = r.detail, r.repro
-                ctrl.verdict = "varies" if baseline.is_pin_candidate else "detected"
+                ctrl.verdict = "varies" if pin_candidate else "detected"
         elif r.status == "error" and ctrl.verdict != "error":
             ctrl.verdict = "error"
             ctrl.detail = f"the baseline crashed in {r.check} [{r.case}]: {r.detail}"

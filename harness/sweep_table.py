@@ -62,7 +62,7 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
         if c.skipped and c.status != "skip":
             status += f" [dim]({c.skipped} skipped)[/]"
         table.add_row(
-            c.component,
+            escape(c.component if c.subject == "fast" else f"{c.component} ({c.subject})"),
             c.check,
             status,
             str(c.rows_differing),
@@ -95,7 +95,7 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
                 verdict_text = f"[{_VERDICT_STYLE.get(verdict, 'white')}]{verdict}[/]"
             ctable.add_row(
                 ctrl.component,
-                ctrl.baseline,
+                escape(f"{ctrl.baseline}={ctrl.subject_target}" if ctrl.subject_target else ctrl.baseline),
                 kind,
                 verdict_text,
                 escape(ctrl.where or ctrl.detail[:100]),
@@ -103,6 +103,9 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
                 f"{ctrl.seconds:.1f}",
             )
         console.print(ctable)
+    outside = sorted({(c.subject, c.subject_target) for c in outcome.checks if c.subject != "fast"})
+    for name, target in outside:
+        _line(console, f"subject {name}: {target or 'an in-process callable'}")
     for ctrl in outcome.controls:
         if ctrl.repro and ctrl.verdict in ("detected", "varies"):
             _line(console, f"{ctrl.component}/{ctrl.baseline} {ctrl.verdict}; repro: {ctrl.repro}")

@@ -322,3 +322,57 @@ def tight_bound(
         fin = torch.finfo(args.out_dtype)
         e_out = unit_roundoff(args.out_dtype) * (v + e_acc + e_bias) + fin.smallest_normal * fin.eps / 2
     return e_acc + e_bias + e_out
+
+
+#: TF32's explicit mantissa bits (fp32 has 23; TF32 keeps the fp32 exponent and 10 of them).
+TF32_MANTISSA_BITS = 10
+#: How hardware rounds fp32 operands to TF32: to nearest even (the usual model), to nearest with
+#: ties away from zero (PTX ``cvt.rna.tf32.f32``, what Triton's ``tf32`` emits) or toward zero
+#: (tensor cores fed raw fp32 bits, the low 13 ignored).
+TF32_ROUNDINGS: tuple[str, ...] = ("nearest_even", "nearest_away", "toward_zero")
+
+
+def round_to_tf32(t: torch.Tensor, rounding: str = "nearest_even") -> torch.Tensor:
+    """fp32 ``t`` rounded to TF32 (10 explicit mantissa bits, fp32's exponent range), as fp32.
+
+    ``rounding`` is one of :data:`TF32_ROUNDINGS`; infinities and NaN are kept; a finite value
+    may round up to infinity, as the hardware's does.  Raises ``ArgumentError`` for another
+    ``rounding`` and ``DTypeError`` for a non-fp32 tensor.
+    """
+    if rounding not in TF32_ROUNDINGS:
+        raise ArgumentError("rounding", f"one of {TF32_ROUNDINGS}", rounding)
+    check_tensor("t", t, dtypes=(torch.float32,))
+    drop = 23 - TF32_MANTISSA_BITS  # low bits that TF32 drops
+    bits = t.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # raw bits, unsigned
+    half = 1 << (drop - 1)
+    if rounding == "nearest_even":
+        bits = bits + (half - 1) + ((bits >> drop) & 1)
+    elif rounding == "nearest_away":
+        bits = bits + half  # the sign is bit 31: magnitudes round away from zero
+    bits = bits & ~((1 << drop) - 1)
+    bits = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
+    return torch.where(torch.isfinite(t), bits.view(torch.float32).view(t.shape), t)
+
+
+def tf32_matmul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    layout: str = "linear",
+    out_dtype: torch.dtype | None = None,
+    precision: str = "ieee",
+    rounding: str = "nearest_even",
+) -> torch.Tensor:
+    """A model of a kernel that computes fp32 matmuls in TF32: :func:`matmul` (fp64, [M, N]) of
+    fp32 ``x`` and ``weight`` first rounded to TF32 (:func:`round_to_tf32`); the bias is kept.
+
+    Agreement uses it to say *why* an fp32 output is off: an output that misses the IEEE
+    reference's bound but meets the same bound around this model is TF32-sized.  Raises
+    ``ArgumentError`` (via :func:`validate`) for non-fp32 inputs: TF32 touches fp32 only.
+    """
+    validate(x, weight, bias, layout, out_dtype, precision)
+    if x.dtype != torch.float32:
+        raise ArgumentError("x", "float32 (TF32 rounds fp32 operands only)", x.dtype)
+    rx, rw = round_to_tf32(x, rounding), round_to_tf32(weight, rounding)
+    return matmul(rx, rw, bias, layout=layout, out_dtype=out_dtype, precision=precision)

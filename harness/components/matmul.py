@@ -41,6 +41,7 @@ from batchinv.harness.registry import (
     Component,
     ErrorCase,
     Outputs,
+    PrecisionModel,
     Toleranced,
 )
 from batchinv.reference import matmul as ref_matmul
@@ -491,6 +492,17 @@ COMPONENT = Component(
             "|P_g| grows like sqrt(k) for random signs where S grows like k, so at K = 4096 this is 2-6% "
             "of the any-order bound: TF32 operands, a bf16 rounding of fp32 logits, 16-bit accumulation "
             "and a dropped product exceed it."
+        ),
+        precision_models=tuple(
+            PrecisionModel(
+                "TF32",
+                functools.partial(ref_matmul.tf32_matmul, rounding=rounding),
+                "the error is TF32-sized: the output meets the bound around the reference computed on "
+                f"fp32 operands rounded to TF32 (10 mantissa bits, {rounding.replace('_', ' ')}), so "
+                "the subject computes fp32 products in TF32 (torch.backends.cuda.matmul.allow_tf32, "
+                "Triton's input_precision='tf32', a TF32 cuBLAS math mode)",
+            )
+            for rounding in ref_matmul.TF32_ROUNDINGS
         ),
         exact=exact,
         exact_justification=(
