@@ -9,6 +9,10 @@ PY ?= .venv/bin/python
 # default resolves to a local CPU wheel on this workplace's machines; elsewhere, without a GPU,
 # use TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu" (README).
 TORCH_SPEC ?= torch==2.13.0
+# Triton for the venv: the version the GPU lanes are validated on (the H200 image's), with the
+# numpy its interpreter needs (Triton 3.6's cpu lane fails with numpy >= 2.4; fast/versions.py).
+# The project accepts Triton 3.6-3.9: ci/compat.sh runs the cpu lane on each.
+TRITON_SPEC ?= triton==3.6.0 numpy<2.4
 PYTEST_ARGS ?= -n auto --dist loadgroup
 SWEEP_ARGS ?=
 
@@ -20,6 +24,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv .venv
 	.venv/bin/python -m pip install -q --upgrade pip
 	.venv/bin/python -m pip install -q $(TORCH_SPEC)
+	.venv/bin/python -m pip install -q $(foreach spec,$(TRITON_SPEC),'$(spec)')
 	.venv/bin/python -m pip install -q -e '.[dev,models]'
 	touch $(STAMP)
 else

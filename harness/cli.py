@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from batchinv.fast.versions import UnsupportedVersionError, check_versions
 from batchinv.harness.console import wide_console
 from batchinv.harness.lanes import Lane, detect_lane, enter_lane, parse_lane
 from batchinv.harness.subjects import SubjectError
@@ -31,6 +32,9 @@ def _lane(args: argparse.Namespace) -> Lane:
         if not torch.cuda.is_available():
             raise UsageError(f"--lane {lane.value} needs a CUDA GPU and torch sees none; use --lane cpu")
     enter_lane(lane)
+    # Before any component (and so triton's kernels) loads: an untested torch or Triton is one
+    # clear message, not an error in every check.
+    check_versions(interpreter=lane is Lane.CPU)
     return lane
 
 
@@ -527,7 +531,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 ok; 1 a check failed; 2 a usage error (the message names the option or
-    key); 3 the command cannot run on this lane; 130 interrupted (Ctrl-C)."""
+    key); 3 the command cannot run on this lane, or with the installed torch / Triton (/ numpy
+    on the cpu lane): the message names the version found and the tested range; 130
+    interrupted (Ctrl-C)."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
@@ -537,6 +543,9 @@ def main(argv: list[str] | None = None) -> int:
     except SubjectError as exc:
         print(f"batchinv: {exc}", file=sys.stderr)
         return 2
+    except UnsupportedVersionError as exc:
+        print(f"batchinv: {exc}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("\nbatchinv: interrupted", file=sys.stderr)
         return 130

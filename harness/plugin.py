@@ -28,6 +28,9 @@ In a run that opts in, the plugin
 * detects the lane from the hardware (``--lane`` forces one) and enters it before any conftest
   or test module is imported, so ``TRITON_INTERPRET=1`` is in place before triton loads on the
   cpu lane; if something imported triton before the plugin ran, the run stops with a usage error;
+* stops the run with a usage error naming the version found and the tested range when the
+  installed torch or Triton (or, on the cpu lane, numpy next to Triton 3.6) is outside what
+  batchinv is tested with (:mod:`batchinv.fast.versions`);
 * skips at collection, with a reason, every test whose lane markers exclude this lane: ``cpu``
   runs on the cpu lane; ``gpu`` on any GPU lane; ``sm90`` / ``sm100`` on that lane only.  A test
   with none of them is host-only code and runs on every lane.  ``slow`` tests run only with
@@ -51,6 +54,7 @@ from typing import Any
 
 import pytest
 
+from batchinv.fast.versions import UnsupportedVersionError, check_versions
 from batchinv.harness.lanes import Lane, detect_lane, enter_lane, parse_lane
 
 LANE_MARKERS = ("cpu", "gpu", "sm90", "sm100")
@@ -134,6 +138,10 @@ def pytest_load_initial_conftests(
             f"batchinv: {exc} (by a plugin or sitecustomize loaded before batchinv); "
             "set TRITON_INTERPRET=1 in the environment"
         ) from None
+    try:
+        check_versions(interpreter=_LANE is Lane.CPU)
+    except UnsupportedVersionError as exc:
+        raise pytest.UsageError(f"batchinv: {exc}") from None
 
 
 def current_lane() -> Lane:

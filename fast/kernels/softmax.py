@@ -59,7 +59,10 @@ def _grid_sum(finite, exponent):
     < 2**62.  Returns the total in fp64 ([BLOCK_M], one rounding: int64 -> fp64)."""
     # clamp: 2**shift must be an fp64 normal; a row whose largest |lane| < 2**-978 (zeros
     # included) is then summed on the grid 2**-1023, losing under 2**-1023 per lane.
-    shift = tl.minimum(61 - MAX_LOG2_LANES - exponent, 1023)
+    # The tensor stays the left operand: Triton 3.7/3.8's interpreter turns ``constexpr - tensor``
+    # into a constexpr wrapping the tensor, which no op accepts ("cannot convert ... to tensor").
+    # Same int32 arithmetic (exact), same bits.
+    shift = tl.minimum(-exponent + (61 - MAX_LOG2_LANES), 1023)
     scale = ((shift + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)  # 2**shift, exact
     fixed = (finite.to(tl.float64) * scale[:, None]).to(tl.int64)  # exact scaling, truncation
     return tl.sum(fixed, axis=1).to(tl.float64) / scale
