@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from lane_env import needs_cpu_lane_child
 
 from batchinv.harness.lanes import Lane, parse_lane
 from batchinv.harness.plugin import lane_skip_reason
@@ -37,6 +38,7 @@ def test_lane_skip_rules(markers, lane, runs):
     assert (lane_skip_reason(markers, lane) is None) == runs
 
 
+@needs_cpu_lane_child
 def test_cpu_lane_sets_the_interpreter_before_triton_loads(tmp_path):
     """A fresh pytest on the cpu lane sees TRITON_INTERPRET=1 when a test module imports triton."""
     test = tmp_path / "test_probe.py"

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from lane_env import needs_cpu_lane_child
 from toy_component import crashes as _crashes
 from toy_component import m_dependent as _m_dependent
 from toy_component import scale as _scale
@@ -89,6 +90,7 @@ def _first_detection():
     raise AssertionError("no registered baseline fails on the cpu lane")
 
 
+@needs_cpu_lane_child
 def test_repro_line_reruns_exactly_the_failing_case():
     """The printed one-line reproduction, run as a command, reproduces the same failure."""
     failing = _first_detection()
@@ -139,6 +141,7 @@ def _cli(*args):
     )
 
 
+@needs_cpu_lane_child
 def test_cli_rejects_bad_arguments_without_a_traceback():
     bad_json = _cli("repro", "topk", "--check", "repeat", "--lane", "cpu", "--seed", "0", "--axes", "notjson")
     assert bad_json.returncode == 2 and "--axes" in bad_json.stderr and "Traceback" not in bad_json.stderr

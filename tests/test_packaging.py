@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from lane_env import needs_cpu_lane_child
 
 
 def _run_outside_checkout(code: str, tmp_path) -> subprocess.CompletedProcess:
@@ -43,6 +44,7 @@ def test_console_script_and_pytest_plugin_are_registered():
     assert plugins.get("batchinv") == "batchinv.harness.plugin"
 
 
+@needs_cpu_lane_child
 def test_harness_import_never_pulls_vllm_or_flashinfer(tmp_path):
     code = (
         "import sys, batchinv.harness, batchinv.harness.registry, batchinv.harness.sweep, batchinv.harness.cli;"
@@ -54,6 +56,7 @@ def test_harness_import_never_pulls_vllm_or_flashinfer(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@needs_cpu_lane_child
 def test_cli_lists_every_registered_component():
     from batchinv.harness.registry import COMPONENT_MODULES
 
