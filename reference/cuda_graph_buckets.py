@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from batchinv.reference.errors import ArgumentError, DTypeError, check_tensor
+from batchinv.reference.errors import ArgumentError, check_int, check_tensor
 
 #: Every bucket's token count is a multiple of this (the smallest bucket has this many tokens).
 TOKEN_ALIGN = 64
@@ -71,14 +71,6 @@ class GraphConfig:
         return self.num_speculative_tokens + 1
 
 
-def _check_int(argument: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise DTypeError(argument, "an int", type(value).__name__)
-    if value < low:
-        raise ArgumentError(argument, f"an int >= {low}", value)
-    return value
-
-
 def check_config(
     max_requests: Any, max_tokens: Any, max_seq_len: Any, num_speculative_tokens: Any = 0, mix: Any = "mixed"
 ) -> GraphConfig:
@@ -92,10 +84,10 @@ def check_config(
             step can hold that many tokens: the largest mixed size would be invalid).
     """
     cfg = GraphConfig(
-        _check_int("max_requests", max_requests, 1),
-        _check_int("max_tokens", max_tokens, 1),
-        _check_int("max_seq_len", max_seq_len, 1),
-        _check_int("num_speculative_tokens", num_speculative_tokens, 0),
+        check_int("max_requests", max_requests, 1),
+        check_int("max_tokens", max_tokens, 1),
+        check_int("max_seq_len", max_seq_len, 1),
+        check_int("num_speculative_tokens", num_speculative_tokens, 0),
         mix,
     )
     if mix not in MIXES:

@@ -35,17 +35,9 @@ from typing import Any
 
 import torch
 
-from batchinv.reference.errors import ArgumentError, DTypeError, check_tensor
+from batchinv.reference.errors import ArgumentError, check_int, check_tensor
 
 PLAN_DTYPE = torch.int32
-
-
-def _check_int(argument: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise DTypeError(argument, "an int", type(value).__name__)
-    if value < low:
-        raise ArgumentError(argument, f"an int >= {low}", value)
-    return value
 
 
 def check_plan_args(
@@ -71,10 +63,10 @@ def check_plan_args(
         DeviceError: ``seq_lens`` on the meta device.
     """
     check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), ndim=1)
-    parts = _check_int("num_sm_parts", num_sm_parts, 1)
-    block = _check_int("block_size", block_size, 1)
-    per_split = _check_int("blocks_per_split", blocks_per_split, 1)
-    splits = _check_int("max_splits", max_splits, 1)
+    parts = check_int("num_sm_parts", num_sm_parts, 1)
+    block = check_int("block_size", block_size, 1)
+    per_split = check_int("blocks_per_split", blocks_per_split, 1)
+    splits = check_int("max_splits", max_splits, 1)
     split_tokens = block * per_split
     capacity = splits * split_tokens
     if check_values and seq_lens.numel():

@@ -104,3 +104,17 @@ def check_last_dim(x: Any, dim: Any, length_name: str) -> None:
         raise ArgumentError("dim", f"an int in [{-x.dim()}, {x.dim() - 1}] (out of range)", dim)
     if dim % x.dim() != x.dim() - 1:
         raise ArgumentError("dim", f"the last dim (-1 or {x.dim() - 1}): only the last dim is supported", dim)
+
+
+def check_int(argument: str, value: Any, low: int) -> int:
+    """``value`` itself if it is a Python int (not a bool) ``>= low``.
+
+    Raises:
+        DTypeError: not an int (a bool, a float, a tensor...).
+        ArgumentError: below ``low``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DTypeError(argument, "an int", type(value).__name__)
+    if value < low:
+        raise ArgumentError(argument, f"an int >= {low}", value)
+    return value

@@ -14,18 +14,10 @@ from typing import Any
 
 import torch
 
-from batchinv.reference.errors import ArgumentError, DTypeError, check_tensor
+from batchinv.reference.errors import ArgumentError, check_int, check_tensor
 
 #: The smallest block_m (a power of two) the contract accepts.
 MIN_BLOCK_M = 16
-
-
-def _check_int(argument: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise DTypeError(argument, "an int", type(value).__name__)
-    if value < low:
-        raise ArgumentError(argument, f"an int >= {low}", value)
-    return value
 
 
 def check_moe_align_args(
@@ -42,8 +34,8 @@ def check_moe_align_args(
             power of two >= 16; top_k > num_experts; an id outside ``[0, num_experts)``.
     """
     check_tensor("topk_ids", topk_ids, dtypes=(torch.int32,), ndim=2)
-    num_experts = _check_int("num_experts", num_experts, 1)
-    block_m = _check_int("block_m", block_m, MIN_BLOCK_M)
+    num_experts = check_int("num_experts", num_experts, 1)
+    block_m = check_int("block_m", block_m, MIN_BLOCK_M)
     if block_m & (block_m - 1):
         raise ArgumentError("block_m", f"a power of two >= {MIN_BLOCK_M}", block_m)
     num_tokens, top_k = topk_ids.shape

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from batchinv.reference.errors import ArgumentError, DTypeError, check_tensor
+from batchinv.reference.errors import ArgumentError, check_int, check_tensor
 
 #: The last dim of ``chunks``: per chunk, the offset of its first token inside the request,
 #: its number of the request's tokens, the rows of the whole chunk (the kernel's M), and the
@@ -32,14 +32,6 @@ from batchinv.reference.errors import ArgumentError, DTypeError, check_tensor
 GEOMETRY_FIELDS: tuple[str, ...] = ("offset", "length", "chunk_rows", "row_start")
 #: The value of every geometry field past a request's last chunk.
 PAD = -1
-
-
-def _check_int(argument: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise DTypeError(argument, "an int", type(value).__name__)
-    if value < low:
-        raise ArgumentError(argument, f"an int >= {low}", value)
-    return value
 
 
 def check_prefill_chunk_plan_arguments(
@@ -58,8 +50,8 @@ def check_prefill_chunk_plan_arguments(
             plan raises rather than truncate a prompt).
     """
     check_tensor("prompt_lens", prompt_lens, dtypes=(torch.int32, torch.int64), ndim=1)
-    budget = _check_int("token_budget", token_budget, 1)
-    width = _check_int("max_chunks", max_chunks, 1)
+    budget = check_int("token_budget", token_budget, 1)
+    width = check_int("max_chunks", max_chunks, 1)
     lengths = [int(n) for n in prompt_lens.tolist()]
     for r, n in enumerate(lengths):
         if n < 0:
