@@ -32,7 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 from batchinv.fast import ops as _ops  # noqa: F401  (registers torch.ops.batchinv.*)
 from batchinv.fast.device import interpreting
-from batchinv.reference.errors import BatchinvError
+from batchinv.reference.errors import ArgumentError, BatchinvError
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -75,6 +75,7 @@ def _last_dim(x: torch.Tensor, dim: Any) -> None:
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     _check_tensors(x, weight, bias)
     _need(weight.dim() == 2 and x.dim() >= 1, "a weight that is not 2-D")
+    _need(x.shape[-1] > 0, "an empty reduction dim (K = 0)")
     flat = x.reshape(-1, x.shape[-1])
     out = torch.ops.batchinv.matmul(flat, weight, bias, "linear", None, "ieee")
     return out.view(*x.shape[:-1], weight.shape[0])
@@ -103,6 +104,7 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     _check_tensors(a, b)
     _need(a.dim() >= 2 and b.dim() >= 2, "a 1-D matmul operand (a vector product)")
     _need(a.shape[-1] == b.shape[-2], f"shapes {tuple(a.shape)} @ {tuple(b.shape)} that do not chain")
+    _need(a.shape[-1] > 0, "an empty reduction dim (K = 0)")
     if b.dim() == 2:
         flat = a.reshape(-1, a.shape[-1])
         return torch.ops.batchinv.matmul(flat, b, None, "mm", None).view(*a.shape[:-1], b.shape[1])
@@ -203,26 +205,40 @@ def _rms_norm(
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     _need(shape == (x.shape[-1],), f"normalized_shape {shape} (the kernel normalizes the last dim)")
     w = weight if weight is not None else x.new_ones(x.shape[-1])
-    return torch.ops.batchinv.rms_norm(x, w, 1e-6 if eps is None else float(eps), -1)
+    eps = torch.finfo(x.dtype).eps if eps is None else float(eps)  # torch's default for None
+    return torch.ops.batchinv.rms_norm(x, w, eps, -1)
 
 
-def _softmax_like(op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    def call(
-        x: torch.Tensor, dim: Any = None, _stacklevel: int = 3, dtype: torch.dtype | None = None
-    ) -> torch.Tensor:
+def _softmax_like(op: Callable[..., torch.Tensor], functional: bool) -> Callable[..., torch.Tensor]:
+    """The handler of one spelling: ``F.softmax(input, dim, _stacklevel, dtype)`` (functional)
+    or ``torch.softmax(input, dim, dtype)`` / ``Tensor.softmax(dim, dtype)``, whose third
+    positional argument is the dtype."""
+
+    def pinned(x: torch.Tensor, dim: Any, dtype: torch.dtype | None) -> torch.Tensor:
         _check_tensors(x)
         _last_dim(x, dim)
         half = x.dtype in (torch.float16, torch.bfloat16)
         _need(dtype in (None, x.dtype) or (dtype == torch.float32 and half), f"dtype={dtype}")
-        _need(x.dim() >= 1, "a 0-D tensor")
+        _need(x.dim() >= 1 and x.shape[-1] > 0, "a 0-D tensor or an empty last dim")
         rows = x.reshape(-1, x.shape[-1])  # any leading dims: rows are independent
         return op(rows, -1, dtype == torch.float32 and half).view(x.shape)
 
-    return call
+    def functional_call(
+        x: torch.Tensor, dim: Any = None, _stacklevel: int = 3, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        return pinned(x, dim, dtype)
+
+    def torch_call(x: torch.Tensor, dim: Any = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return pinned(x, dim, dtype)
+
+    return functional_call if functional else torch_call
 
 
-_softmax = _softmax_like(torch.ops.batchinv.softmax)
-_log_softmax = _softmax_like(torch.ops.batchinv.log_softmax)
+_softmax_f, _log_softmax_f, _softmax, _log_softmax = (
+    _softmax_like(op, functional)
+    for functional in (True, False)
+    for op in (torch.ops.batchinv.softmax, torch.ops.batchinv.log_softmax)
+)
 
 
 def _mean(
@@ -232,7 +248,7 @@ def _mean(
     if isinstance(dim, (list, tuple)) and len(dim) == 1:
         dim = dim[0]
     _last_dim(x, dim)
-    _need(x.dim() >= 1, "a 0-D tensor")
+    _need(x.dim() >= 1 and x.shape[-1] > 0, "a 0-D tensor or an empty last dim")
     rows = x.reshape(-1, x.shape[-1])  # any leading dims: rows are independent
     out = torch.ops.batchinv.mean(rows, -1, False, dtype)
     return out.view(*x.shape[:-1], 1) if keepdim else out.view(x.shape[:-1])
@@ -254,6 +270,9 @@ def _with_out(handler: Callable[..., torch.Tensor]) -> Callable[..., torch.Tenso
 
 
 _mm, _bmm, _matmul, _addmm = (_with_out(h) for h in (_mm, _bmm, _matmul, _addmm))
+_softmax_f, _log_softmax_f, _softmax, _log_softmax, _mean = (
+    _with_out(h) for h in (_softmax_f, _log_softmax_f, _softmax, _log_softmax, _mean)
+)
 
 #: Covered op -> (its name in stats and errors, the pinned handler).
 HANDLERS: dict[Callable[..., Any], tuple[str, Callable[..., torch.Tensor]]] = {
@@ -272,10 +291,10 @@ HANDLERS: dict[Callable[..., Any], tuple[str, Callable[..., torch.Tensor]]] = {
     torch.Tensor.addmm: ("addmm", _addmm),
     F.rms_norm: ("rms_norm", _rms_norm),
     torch.rms_norm: ("rms_norm", _rms_norm),  # what Dynamo sees of F.rms_norm when it inlines it
-    F.softmax: ("softmax", _softmax),
+    F.softmax: ("softmax", _softmax_f),
     torch.softmax: ("softmax", _softmax),
     torch.Tensor.softmax: ("softmax", _softmax),
-    F.log_softmax: ("log_softmax", _log_softmax),
+    F.log_softmax: ("log_softmax", _log_softmax_f),
     torch.log_softmax: ("log_softmax", _log_softmax),
     torch.Tensor.log_softmax: ("log_softmax", _log_softmax),
     torch.mean: ("mean", _mean),
@@ -321,7 +340,7 @@ class PinnedOps(TorchFunctionMode):
                 return func(*args, **kwargs)
             name, handler = entry
             return handler(*args, **kwargs)
-        except _Unpinned as why:
+        except (_Unpinned, ArgumentError) as why:  # ArgumentError: a kernel's own contract
             if self.strict:
                 raise UnpinnedOpError(name, str(why)) from None
             self.fallback[name] += 1

@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-#: Calls that ran a pinned kernel (not traces), by operator name; callers reset or diff it.
+#: Calls that ran a pinned kernel to the end (not traces, not calls that raised), by operator
+#: name; callers reset or diff it.
 RUNTIME_CALLS: Counter[str] = Counter()
 
 
@@ -56,9 +57,10 @@ def matmul(
     contract are that function's."""
     from batchinv.fast.matmul import matmul as pinned
 
-    RUNTIME_CALLS["matmul"] += 1
     with _unrouted():
-        return pinned(x, weight, bias, layout=layout, out_dtype=out_dtype, precision=precision)
+        out = pinned(x, weight, bias, layout=layout, out_dtype=out_dtype, precision=precision)
+    RUNTIME_CALLS["matmul"] += 1
+    return out
 
 
 @matmul.register_fake
@@ -83,12 +85,17 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     operator keeps a compiled graph's size independent of B (``torch.compile(dynamic=True)``
     traces one call for every batch count).  Dtypes and errors are the matmul's."""
     from batchinv.fast.matmul import matmul as pinned
+    from batchinv.reference.errors import ArgumentError
 
-    RUNTIME_CALLS["bmm"] += 1
+    if a.dim() != 3:
+        raise ArgumentError("a", "a 3-D [B, M, K] tensor", f"shape {tuple(a.shape)}")
+    if b.dim() != 3 or b.shape[0] != a.shape[0]:
+        raise ArgumentError("b", f"a 3-D [B={a.shape[0]}, K, N] tensor", f"shape {tuple(b.shape)}")
     out = a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
     with _unrouted():
         for i in range(a.shape[0]):
             pinned(a[i], b[i], layout="mm", out=out[i])
+    RUNTIME_CALLS["bmm"] += 1
     return out
 
 
@@ -110,7 +117,12 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Te
     from batchinv.fast.matmul import matmul as pinned
     from batchinv.reference.errors import ArgumentError
 
-    RUNTIME_CALLS["grouped_mm"] += 1
+    if a.dim() != 2:
+        raise ArgumentError("a", "a 2-D [S, K] tensor", f"shape {tuple(a.shape)}")
+    if b.dim() != 3:
+        raise ArgumentError("b", "a 3-D [G, K, N] tensor", f"shape {tuple(b.shape)}")
+    if offs.dim() != 1 or offs.shape[0] != b.shape[0] or offs.dtype != torch.int32:
+        raise ArgumentError("offs", f"int32 [G={b.shape[0]}] group ends", f"{offs.dtype} {tuple(offs.shape)}")
     ends = [int(e) for e in offs.tolist()]
     if any(e < s for s, e in zip([0, *ends], ends, strict=False)) or (ends and ends[-1] > a.shape[0]):
         raise ArgumentError("offs", f"non-decreasing group ends <= S={a.shape[0]}", str(ends))
@@ -119,6 +131,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Te
         for g, (start, end) in enumerate(zip([0, *ends], ends, strict=False)):
             if end > start:
                 pinned(a[start:end], b[g], layout="mm", out=out[start:end])
+    RUNTIME_CALLS["grouped_mm"] += 1
     return out
 
 
@@ -132,9 +145,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int 
     """:func:`batchinv.fast.rms_norm.rms_norm` as an operator."""
     from batchinv.fast.rms_norm import rms_norm as pinned
 
-    RUNTIME_CALLS["rms_norm"] += 1
     with _unrouted():
-        return pinned(x, weight, eps, dim)
+        out = pinned(x, weight, eps, dim)
+    RUNTIME_CALLS["rms_norm"] += 1
+    return out
 
 
 @rms_norm.register_fake
@@ -152,9 +166,10 @@ def softmax(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> torc
     """:func:`batchinv.fast.softmax.softmax` as an operator."""
     from batchinv.fast.softmax import softmax as pinned
 
-    RUNTIME_CALLS["softmax"] += 1
     with _unrouted():
-        return pinned(x, dim, half_to_float)
+        out = pinned(x, dim, half_to_float)
+    RUNTIME_CALLS["softmax"] += 1
+    return out
 
 
 @torch.library.custom_op("batchinv::log_softmax", mutates_args=())
@@ -162,9 +177,10 @@ def log_softmax(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> 
     """:func:`batchinv.fast.softmax.log_softmax` as an operator."""
     from batchinv.fast.softmax import log_softmax as pinned
 
-    RUNTIME_CALLS["log_softmax"] += 1
     with _unrouted():
-        return pinned(x, dim, half_to_float)
+        out = pinned(x, dim, half_to_float)
+    RUNTIME_CALLS["log_softmax"] += 1
+    return out
 
 
 softmax.register_fake(_softmax_fake)
@@ -178,9 +194,10 @@ def mean(
     """:func:`batchinv.fast.mean.mean` as an operator."""
     from batchinv.fast.mean import mean as pinned
 
-    RUNTIME_CALLS["mean"] += 1
     with _unrouted():
-        return pinned(x, dim, keepdim, dtype)
+        out = pinned(x, dim, keepdim, dtype)
+    RUNTIME_CALLS["mean"] += 1
+    return out
 
 
 @mean.register_fake

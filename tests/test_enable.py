@@ -341,3 +341,100 @@ def test_enable_leaves_nothing_behind_after_an_exception():
     with enable() as stats:  # and a new block starts clean
         torch.mm(a, b)
     assert stats.pinned["matmul"] == 1 and not stats.fallback
+
+
+# --- the adversarial review's findings (2026-12-01) --------------------------------------------
+
+
+@any_lane
+@torch.no_grad()
+def test_softmax_dtype_given_by_position_is_honoured_in_every_spelling():
+    x = torch.randn(3, 8, device=DEVICE).to(torch.bfloat16)
+    with enable():
+        outs = [
+            torch.softmax(x, -1, torch.float32),  # torch.softmax(input, dim, dtype)
+            x.softmax(-1, torch.float32),
+            torch.log_softmax(x, -1, torch.float32),
+            F.softmax(x, -1, 3, torch.float32),  # F.softmax(input, dim, _stacklevel, dtype)
+        ]
+    assert all(o.dtype == torch.float32 for o in outs), [o.dtype for o in outs]
+    ref = torch.softmax(x.double(), -1)
+    assert float((outs[0].double() - ref).abs().max()) < 1e-6
+
+
+@any_lane
+@torch.no_grad()
+def test_rms_norm_without_eps_uses_torchs_default_eps():
+    x = torch.randn(4, 64, device=DEVICE) * 1e-4  # small rows: eps decides the result
+    norm = torch.nn.RMSNorm(64).to(DEVICE)  # eps=None: torch uses finfo(dtype).eps
+    want = norm(x)
+    with enable() as stats:
+        got = norm(x)
+    assert stats.pinned["rms_norm"] == 1
+    assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+@any_lane
+@torch.no_grad()
+def test_empty_reduction_dims_are_refused_by_name_and_fall_back_without_strict():
+    from batchinv.fast.function_mode import UnpinnedOpError
+
+    calls = [
+        lambda: torch.ones(3, 0, device=DEVICE) @ torch.ones(0, 4, device=DEVICE),
+        lambda: F.linear(torch.ones(3, 0, device=DEVICE), torch.ones(4, 0, device=DEVICE)),
+        lambda: torch.softmax(torch.ones(3, 0, device=DEVICE), -1),
+        lambda: torch.ones(3, 0, device=DEVICE).mean(-1),
+    ]
+    for call in calls:
+        with enable(), pytest.raises(UnpinnedOpError, match="empty"):
+            call()
+        with enable(strict=False):
+            got = call()
+        want = call()
+        assert got.shape == want.shape and torch.equal(got.isnan(), want.isnan())
+
+
+@any_lane
+@torch.no_grad()
+def test_out_forms_of_the_row_reductions_are_pinned():
+    x = torch.randn(3, 8, device=DEVICE)
+    mean_out, lsm_out = torch.empty(3, device=DEVICE), torch.empty(0, device=DEVICE)
+    with enable() as stats:
+        torch.mean(x, -1, out=mean_out)
+        torch.log_softmax(x, -1, out=lsm_out)
+    assert stats.pinned["mean"] == 1 and stats.pinned["log_softmax"] == 1, stats
+    assert torch.allclose(mean_out, x.mean(-1)) and torch.allclose(lsm_out, x.log_softmax(-1))
+
+
+@any_lane
+@torch.no_grad()
+def test_a_kernels_argument_error_is_an_unpinned_op_not_a_crash():
+    from batchinv.fast.function_mode import UnpinnedOpError
+
+    x = torch.randn(3, 8, device=DEVICE)
+    w, bias_2d = torch.randn(4, 8, device=DEVICE), torch.randn(1, 4, device=DEVICE)
+    with enable(), pytest.raises(UnpinnedOpError, match=r"linear .*bias"):
+        F.linear(x, w, bias_2d)  # torch broadcasts a [1, N] bias; the kernel takes [N]
+    with enable(strict=False) as stats:
+        got = F.linear(x, w, bias_2d)
+    assert stats.fallback["linear"] == 1 and not stats.pinned["matmul"], stats  # a raise is not a run
+    assert torch.allclose(got, F.linear(x, w, bias_2d))
+
+
+@any_lane
+def test_batched_operators_check_their_arguments_by_name():
+    from batchinv.reference.errors import ArgumentError
+
+    r = lambda *s: torch.randn(*s, device=DEVICE)  # noqa: E731
+    ops = torch.ops.batchinv
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=DEVICE)  # noqa: E731
+    for call, argument in [
+        (lambda: ops.bmm(r(2, 3, 4), r(3, 4, 5)), "b"),
+        (lambda: ops.bmm(r(3, 4), r(4, 5)), "a"),
+        (lambda: ops.grouped_mm(r(6, 4), r(3, 4, 5), torch.tensor([2, 4, 6], device=DEVICE)), "offs"),
+        (lambda: ops.grouped_mm(r(6, 4), r(3, 4, 5), i32([2, 6])), "offs"),
+        (lambda: ops.grouped_mm(r(2, 6, 4), r(3, 4, 5), i32([2, 4, 6])), "a"),
+        (lambda: ops.grouped_mm(r(6, 4), r(4, 5), i32([6])), "b"),
+    ]:
+        with pytest.raises(ArgumentError, match=f"argument '{argument}'"):
+            call()
