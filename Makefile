@@ -5,7 +5,7 @@
 #   make sweep PY=python3        (installs batchinv into that python with --no-deps first)
 
 PY ?= .venv/bin/python
-# torch for the venv, installed first so the project's "torch>=2.4" is already satisfied.  The
+# torch for the venv, installed first so the project's "torch>=2.11,<2.16" is already satisfied.  The
 # default resolves to a local CPU wheel on this workplace's machines; elsewhere, without a GPU,
 # use TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu" (README).
 TORCH_SPEC ?= torch==2.13.0

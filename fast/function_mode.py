@@ -62,7 +62,10 @@ def _check_tensors(*tensors: torch.Tensor | None) -> None:
     _need(all(t.dtype == first.dtype for t in present), "operands of different dtypes")
     _need(all(t.device == first.device for t in present), "operands on different devices")
     on_cpu_interpreted = first.device.type == "cpu" and interpreting()
-    _need(first.device.type == "cuda" or on_cpu_interpreted, f"device {first.device} without the interpreter")
+    _need(
+        first.device.type == "cuda" or on_cpu_interpreted,
+        f"device {first.device} without the interpreter (on a CPU set TRITON_INTERPRET=1 before triton is imported)",
+    )
     _need(
         not any(t.requires_grad and torch.is_grad_enabled() for t in present), "an operand that requires grad"
     )
