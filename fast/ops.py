@@ -76,6 +76,18 @@ def _matmul_fake(
     return x.new_empty((x.shape[0], n), dtype=out_dtype or x.dtype)
 
 
+def batched_matmul(a: torch.Tensor, b: torch.Tensor, num_sms: int | None = None) -> torch.Tensor:
+    """``[B, M, K] @ [B, K, N] -> [B, M, N]``, entry ``i`` by the pinned
+    ``matmul(a[i], b[i], layout="mm")`` into one output (the ``bmm`` operator's and the aten
+    ``bmm`` override's kernel; ``num_sms`` as the matmul's, any value the same bits)."""
+    from batchinv.fast.matmul import matmul as pinned
+
+    out = a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
+    for i in range(a.shape[0]):
+        pinned(a[i], b[i], layout="mm", num_sms=num_sms, out=out[i])
+    return out
+
+
 @torch.library.custom_op("batchinv::bmm", mutates_args=())
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Batched ``[B, M, K] @ [B, K, N] -> [B, M, N]``: entry ``i`` is
@@ -84,17 +96,14 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     along B and M).  The entries are launched one after the other into one output; one
     operator keeps a compiled graph's size independent of B (``torch.compile(dynamic=True)``
     traces one call for every batch count).  Dtypes and errors are the matmul's."""
-    from batchinv.fast.matmul import matmul as pinned
     from batchinv.reference.errors import ArgumentError
 
     if a.dim() != 3:
         raise ArgumentError("a", "a 3-D [B, M, K] tensor", f"shape {tuple(a.shape)}")
     if b.dim() != 3 or b.shape[0] != a.shape[0]:
         raise ArgumentError("b", f"a 3-D [B={a.shape[0]}, K, N] tensor", f"shape {tuple(b.shape)}")
-    out = a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
     with _unrouted():
-        for i in range(a.shape[0]):
-            pinned(a[i], b[i], layout="mm", out=out[i])
+        out = batched_matmul(a, b)
     RUNTIME_CALLS["bmm"] += 1
     return out
 
