@@ -1,11 +1,12 @@
 """Batch-invariant matmul: a Triton persistent kernel with one fixed reduction order.
 
-Launcher only: validate (typed errors), allocate, pick the config from the (arch, dtype, N, K)
-table, size the persistent grid from the planned SM count, launch.  The kernel is
-:func:`batchinv.fast.kernels.matmul.persistent_matmul_kernel`.
+Launcher only: validate (typed errors), allocate, take the reduction tree from the
+(arch, dtype, N, K) table and the execution from the (arch, dtype, N, M bucket) table, size the
+persistent grid from the planned SM count, launch.  The kernels are in
+:mod:`batchinv.fast.kernels.matmul`.
 
-The config is looked up without M on purpose: the BLOCK sizes fix the order of each output's
-fp32 sum, so keying them on the batch size would make the bits a function of the batch (see
+The tree is looked up without M on purpose: it fixes the order of each output's fp32 sum, so
+keying it on the batch size would make the bits a function of the batch (see
 :mod:`batchinv.fast.matmul_config`).  No autotuning either, for the same reason.
 """
 
@@ -30,12 +31,19 @@ from batchinv.reference.matmul import MatmulArgs, validate, weight_kn
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """What a call launches: the config (from N, K, dtype, arch only) and the grid."""
+    """What a call launches: the config (tree from N, K, dtype, arch; execution from M's bucket)
+    and the grid of the main kernel."""
 
     config: MatmulConfig
     num_tiles: int
+    num_chunks: int
     grid: int
     interpreted: bool
+
+
+#: Programs per planned SM of a split-K execution's persistent grid: several in flight per SM
+#: hide memory latency at decode.  Which program takes a (tile, chunk) item never changes bits.
+SPLIT_PROGRAMS_PER_SM = 8
 
 
 def plan(
@@ -49,20 +57,36 @@ def plan(
 ) -> LaunchPlan:
     """The launch plan of an ``[M, K] @ [K, N]`` problem of input ``dtype`` on ``device``.
 
-    ``config`` overrides the table (for tests and tuning only; production callers leave it None).
-    M only sizes the grid (how many tiles there are), never the config.
+    ``config`` overrides the tables (for tests, tuning and ``config_equivalence`` only;
+    production callers leave it None).  M picks the execution (the tile, split-K or not) and
+    sizes the grid; the reduction tree, which fixes the bits, comes from (arch, dtype, N, K).
     """
     if num_sms is not None and (isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1):
         raise ArgumentError(
             "num_sms", "a positive int (the SM count the persistent grid plans for) or None", num_sms
         )
+    if config is not None and not isinstance(config, MatmulConfig):
+        raise ArgumentError("config", "a MatmulConfig or None", config)
     on_gpu = device.type == "cuda" and not interpreting()
-    cfg = config if config is not None else select_config(arch(device if on_gpu else None), dtype, n, k)
-    tiles = -(m // -cfg.block_m) * -(n // -cfg.block_n)  # ceil(M / BLOCK_M) * ceil(N / BLOCK_N)
+    cfg = config if config is not None else select_config(arch(device if on_gpu else None), dtype, n, k, m)
+    ex = cfg.execution
+    tiles = -(m // -ex.block_m) * -(n // -ex.block_n)  # ceil(M / BLOCK_M) * ceil(N / BLOCK_N)
+    chunks = cfg.tree.num_chunks(k)
     planned = num_sms if num_sms is not None else sm_count(device if device.type == "cuda" else None)
+    items, programs = (tiles * chunks, planned * SPLIT_PROGRAMS_PER_SM) if ex.split_k else (tiles, planned)
     # Under the interpreter the kernel avoids numpy's matmul (row-position-dependent BLAS order,
     # raw-bit bf16) and the truncating bf16 cast; see the kernel's INTERPRETED flag.
-    return LaunchPlan(cfg, tiles, max(1, min(planned, tiles)), interpreting())
+    return LaunchPlan(cfg, tiles, chunks, max(1, min(programs, items)), interpreting())
+
+
+def accumulation(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int]:
+    """``(group, chunk)``: the products per accumulation step and per chunk of the reduction
+    tree :func:`matmul` computes for this problem on this device, as
+    :func:`batchinv.reference.matmul.tight_bound` takes them (a K tile under the interpreter,
+    whose products one ``tl.sum`` adds; 16 on a GPU, a tensor-core MMA's k-step, with fp32's FMA
+    finer and covered)."""
+    tree = plan(m, n, k, dtype, device).config.tree
+    return (tree.block_k if interpreting() else 16), tree.chunk_k
 
 
 def matmul(
@@ -79,8 +103,12 @@ def matmul(
 ) -> torch.Tensor:
     """Batch-invariant ``out = x @ W (+ bias)``: fp32 accumulation, one rounding at the end.
 
-    Each output element is the fp32 sum of its K products formed in increasing k inside one
-    program (no split-K), plus ``bias`` in fp32, rounded once to ``out_dtype``.
+    Each output element is the fp32 sum of its K products along the reduction tree of
+    (arch, dtype, N, K) (:func:`batchinv.fast.matmul_config.reduction_tree`): K in chunks of
+    ``chunk_k``, each summed from zero in increasing k, the chunk sums added in increasing chunk
+    order; plus ``bias`` in fp32, rounded once to ``out_dtype``.  M picks only the execution
+    (tile, warps, stages, and whether a tile's chunks run in different programs: split-K across
+    the grid at decode), which never changes the bits (``config_equivalence`` checks it).
 
     Parameters
     ----------
@@ -109,14 +137,16 @@ def matmul(
         would read inputs other tiles already overwrote), never an expanded (stride-0) view,
         never a view with the negative bit set.
     config : MatmulConfig, optional
-        Overrides the (arch, dtype, N, K) table; for tests and tuning only.
+        Overrides both tables (tree and execution); for tests, tuning and
+        ``config_equivalence`` only.
 
     Returns
     -------
     Tensor [M, N] of ``out_dtype``
         Bitwise invariant along M (any batch size), row position and neighbours, the planned SM
-        count, and repeated calls: the config depends on (arch, dtype, N, K) only.  NaN / inf propagate as IEEE products and sums (``inf * 0`` is NaN); the
-        sign of an exactly-zero result is not specified (+0 or -0), but it is invariant too.
+        count, the execution and repeated calls: the tree depends on (arch, dtype, N, K) only.
+        NaN / inf propagate as IEEE products and sums (``inf * 0`` is NaN); the sign of an
+        exactly-zero result is not specified (+0 or -0), but it is invariant too.
 
     Raises
     ------
@@ -124,7 +154,7 @@ def matmul(
         Unsupported dtype or dtype mix (argument named); ``out`` not a tensor.
     ArgumentError
         Non-2-D operands, mismatched K, bad ``bias`` shape, ``layout``, ``precision``,
-        ``num_sms``; ``out`` of the wrong shape, dtype or device, requiring grad, sharing
+        ``num_sms``, ``config``; ``out`` of the wrong shape, dtype or device, requiring grad, sharing
         storage with an input, with overlapping elements, or with the negative bit set.
     DeviceError
         Operands on different devices, on the meta device, or CPU tensors without the Triton
@@ -132,9 +162,10 @@ def matmul(
 
     Source
     ------
-    Persistent tile walk after Triton tutorial 09 (persistent matmul); the fixed-config,
-    no-split-K pinning follows the batch-invariant matmul of Thinking Machines' "Defeating
-    Nondeterminism in LLM Inference" (2025) and vLLM's ``batch_invariant.py``.
+    Persistent tile walk after Triton tutorial 09 (persistent matmul); pinning the reduction
+    follows Thinking Machines' "Defeating Nondeterminism in LLM Inference" (2025) and vLLM's
+    ``batch_invariant.py``, which forbid split-K; here split-K is allowed because the chunk
+    count and the order chunks are added in come from (N, K), never from M (issue 11's design).
     """
     args = validate(x, weight, bias, layout, out_dtype, precision)
     check_launch_device("x", x)
@@ -231,18 +262,23 @@ def _launch(
     p: LaunchPlan,
     precision: str,
 ) -> None:
-    from batchinv.fast.kernels.matmul import persistent_matmul_kernel
+    from batchinv.fast.kernels.matmul import chunk_sum_kernel, chunked_matmul_kernel
 
-    cfg = p.config
+    tree, ex = p.config.tree, p.config.execution
+    # The split execution's chunk sums: fp32 [chunks, M, N], every element written before read.
+    ws = torch.empty((p.num_chunks, m, n), device=x.device, dtype=torch.float32) if ex.split_k else out
     with interpreter_quiet():
-        persistent_matmul_kernel[(p.grid,)](
+        chunked_matmul_kernel[(p.grid,)](
             x,
             b,
             bias if bias is not None else out,  # never read when HAS_BIAS is False
             out,
+            ws,
             m,
             n,
             k,
+            tree.chunk_k // tree.block_k,
+            p.num_chunks,
             x.stride(0),
             x.stride(1),
             b.stride(0),
@@ -250,16 +286,43 @@ def _launch(
             out.stride(0),
             out.stride(1),
             bias.stride(0) if bias is not None else 0,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m,
+            ws.stride(0) if ex.split_k else 0,
+            ws.stride(1) if ex.split_k else 0,
+            BLOCK_M=ex.block_m,
+            BLOCK_N=ex.block_n,
+            BLOCK_K=tree.block_k,
+            GROUP_M=ex.group_m,
+            SPLIT_K=ex.split_k,
             HAS_BIAS=bias is not None,
             INPUT_PRECISION=precision,
             INTERPRETED=p.interpreted,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            num_warps=ex.num_warps,
+            num_stages=ex.num_stages,
         )
+        if ex.split_k:
+            sum_m, sum_n = SUM_TILE
+            chunk_sum_kernel[(-(m // -sum_m), -(n // -sum_n))](
+                ws,
+                bias if bias is not None else out,
+                out,
+                m,
+                n,
+                p.num_chunks,
+                ws.stride(0),
+                ws.stride(1),
+                out.stride(0),
+                out.stride(1),
+                bias.stride(0) if bias is not None else 0,
+                BLOCK_M=sum_m,
+                BLOCK_N=sum_n,
+                HAS_BIAS=bias is not None,
+                INTERPRETED=p.interpreted,
+                num_warps=4,
+            )
+
+
+#: The chunk-sum kernel's tile (elementwise: any tile gives the same bits).
+SUM_TILE = (16, 128)
 
 
 def linear(

@@ -8,17 +8,21 @@
 * :func:`split_k` — a Triton split-K matmul whose split count is chosen from M the way
   production heuristics do (small batches get more K splits to fill the machine), so the fp32
   partial sums of one row are associated differently at different M.
+* :func:`two_k_slices`, :func:`other_block_k`, :func:`other_chunk_k` — batch-invariant, but
+  another reduction tree than the table's: the negative controls of ``config_equivalence``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
 from batchinv.fast.device import check_launch_device, interpreter_quiet, interpreting, kernel_operand
+from batchinv.fast.matmul_config import ReductionTree
 from batchinv.reference.errors import ArgumentError
 from batchinv.reference.matmul import validate, weight_kn
 
@@ -176,28 +180,22 @@ def _split_k_matmul(
     return acc.to(args.out_dtype)
 
 
-def other_block_k(
+def _other_tree(
     x: torch.Tensor,
     weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    layout: str = "linear",
-    out_dtype: torch.dtype | None = None,
-    precision: str = "ieee",
-    num_sms: int | None = None,
+    bias: torch.Tensor | None,
+    layout: str,
+    out_dtype: torch.dtype | None,
+    precision: str,
+    num_sms: int | None,
+    change: Callable[[ReductionTree, int], ReductionTree],
 ) -> torch.Tensor:
-    """The pinned kernel with the table's config but half its BLOCK_K: the negative control of
-    ``config_equivalence``.  Invariant along every batch axis (the config is still keyed on
-    (arch, dtype, N, K) only), but each K tile's partial sum now covers half as many products,
-    so the fp32 accumulation is associated differently under the interpreter (on the H200 the
-    bits did not change: :func:`two_k_slices` is the GPU lanes' control).  Shapes, dtypes and errors as :func:`batchinv.fast.matmul.matmul`."""
-    from dataclasses import replace
-
+    """The pinned kernel with the table's execution and ``change(tree, K)`` as its tree."""
     from batchinv.fast.matmul import matmul, plan
 
     args = validate(x, weight, bias, layout, out_dtype, precision)
     cfg = plan(args.m, args.n, args.k, x.dtype, x.device).config
-    config = replace(cfg, block_k=max(16, cfg.block_k // 2))
+    config = replace(cfg, tree=change(cfg.tree, args.k))
     return matmul(
         x,
         weight,
@@ -208,3 +206,57 @@ def other_block_k(
         num_sms=num_sms,
         config=config,
     )
+
+
+def other_block_k(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    layout: str = "linear",
+    out_dtype: torch.dtype | None = None,
+    precision: str = "ieee",
+    num_sms: int | None = None,
+) -> torch.Tensor:
+    """The pinned kernel with the table's tree but half its BLOCK_K: a negative control of
+    ``config_equivalence``.  Invariant along every batch axis (the tree is still keyed on
+    (arch, dtype, N, K) only), but each K step's partial sum covers half as many products, so
+    the fp32 accumulation is associated differently under the interpreter (on the H200 the
+    bits did not change: tensor cores add their 16-wide k-steps in order whatever the step).
+    Shapes, dtypes and errors as :func:`batchinv.fast.matmul.matmul`."""
+    return _other_tree(
+        x,
+        weight,
+        bias,
+        layout,
+        out_dtype,
+        precision,
+        num_sms,
+        lambda tree, k: ReductionTree(max(16, tree.block_k // 2), tree.chunk_k),
+    )
+
+
+def other_chunk_k(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    layout: str = "linear",
+    out_dtype: torch.dtype | None = None,
+    precision: str = "ieee",
+    num_sms: int | None = None,
+) -> torch.Tensor:
+    """The pinned kernel with the table's execution and another chunk size: twice the table's
+    ``chunk_k`` when K has several chunks, else half of it (at least one BLOCK_K).  Invariant
+    along every batch axis, another association of the chunk sums: the negative control of
+    ``config_equivalence`` on every lane (issue 11: "a variant with another BLOCK_K or chunk
+    size, which must be detected").  Shapes, dtypes and errors as
+    :func:`batchinv.fast.matmul.matmul`."""
+
+    def change(tree: ReductionTree, k: int) -> ReductionTree:
+        if tree.num_chunks(k) > 1:
+            return ReductionTree(tree.block_k, 2 * tree.chunk_k)
+        half = -(-min(k, tree.chunk_k) // 2)
+        return ReductionTree(tree.block_k, max(tree.block_k, -(-half // tree.block_k) * tree.block_k))
+
+    return _other_tree(x, weight, bias, layout, out_dtype, precision, num_sms, change)

@@ -1,19 +1,29 @@
-"""The persistent matmul's config table, keyed only on (arch, dtype, N, K) — never on M.
+"""The matmul's two tables: the reduction tree, keyed only on (arch, dtype, N, K), and the
+executions of that tree, keyed on (arch, dtype, N, M bucket).
 
-Why never M: the BLOCK sizes and the input precision fix the order in which each output's fp32
-sum is formed (how the tensor cores group the k products, where chunk boundaries fall).  A
-config picked from M would make that order a function of the batch size, which is exactly the
-dependence this kernel removes.  (With fp32 FMA dots Triton happens to give equal bits for any
-BLOCK_K, but bf16/fp16 go through tensor cores where nothing promises that, so the rule is kept
-for every dtype.)  The planned SM count and the persistent grid are free: they decide which
-program computes a tile, never how.
+**The reduction tree** (:class:`ReductionTree`, :func:`reduction_tree`) fixes every output's fp32
+sum: K is cut into chunks of ``chunk_k`` (the last one may be shorter); each chunk is summed from
+zero in ``BLOCK_K`` steps in increasing k (a tensor core adds its 16-wide k-steps in order inside
+a step); the chunk sums are added in increasing chunk order to a total that starts at zero; the
+bias is added to the total; one rounding to the output dtype.  Nothing in it depends on M, so
+the bits of a row cannot depend on the batch.
 
-One config therefore serves every batch size, and each entry is a compromise between decode
-(small M, few tiles: wants small tiles) and prefill (large M: wants wide tiles that re-read
-operands less).  The sm90 entries are the ones the H200 sweep verified (2026-11-29); one tuning
-round (ci/tune_matmul.py, numbers in docs/BENCHMARKS.md) found faster ones, named in each row,
-which ship once a GPU sweep verifies them.  The sm100 rows copy sm90, unmeasured;
-``docs/BENCHMARKS.md`` gives the floor each bench point is measured against.
+**An execution** (:class:`Execution`, :func:`select_execution`) is who computes what: the tile
+(``BLOCK_M`` x ``BLOCK_N``), the visiting order (``GROUP_M``), warps and stages, and whether the
+chunks of a tile run in different programs (``split_k``: each program sums one chunk into an fp32
+workspace, a second kernel adds the chunk sums in order) or one program walks all of them.  Both
+compute the same tree, so the bits are the same by construction; the registry check
+``config_equivalence`` runs every execution of this table on the same inputs and requires
+identical bits (on every lane, every production shape), which is what makes it legitimate for
+the execution, and only the execution, to be chosen from M: small M splits K across the grid
+(decode would otherwise stream the whole weight through ``N / BLOCK_N`` programs), large M walks
+wide tiles (prefill).
+
+Why the tree is never keyed on M: see above, and vLLM's issue with a bucket lookup frozen at
+the trace-time M under torch.compile (the ``modes`` check compares the compiled prefix to eager at
+every M; the launcher runs at call time, inside an opaque custom op, with the runtime M).
+
+``docs/BENCHMARKS.md`` gives the floor and the measurements behind each row.
 """
 
 from __future__ import annotations
@@ -22,163 +32,249 @@ from dataclasses import dataclass
 
 import torch
 
+from batchinv.reference.errors import ArgumentError
+
+
+def _power_of_two(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or value & (value - 1):
+        raise ArgumentError(name, f"a power of two >= {low}", value)
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ArgumentError(name, "a positive int", value)
+
 
 @dataclass(frozen=True)
-class MatmulConfig:
-    """A tile configuration of the persistent matmul.
+class ReductionTree:
+    """How each output's fp32 sum is associated (see the module docstring).
 
     Attributes:
-        block_m, block_n, block_k: tile sizes (each >= 16, powers of two).
-        group_m: row-tiles visited together (L2 reuse of B); changes only the visiting order.
-        num_warps, num_stages: Triton launch options (latency hiding; no effect on bits).
+        block_k: products per K step (a power of two >= 16).  Under the interpreter a step's
+            products are summed by one ``tl.sum``; on a GPU the tensor core adds them in
+            16-wide k-steps in order (the H200 gave the same bits for BLOCK_K 32, 64, 128).
+        chunk_k: K per chunk, a multiple of ``block_k``; chunk sums are added in increasing
+            chunk order.  ``chunk_k >= K`` is one chunk: a single accumulator over all of K.
+    """
+
+    block_k: int
+    chunk_k: int
+
+    def __post_init__(self) -> None:
+        _power_of_two("block_k", self.block_k, 16)
+        _positive_int("chunk_k", self.chunk_k)
+        if self.chunk_k % self.block_k:
+            raise ArgumentError("chunk_k", f"a multiple of block_k = {self.block_k}", self.chunk_k)
+
+    def num_chunks(self, k: int) -> int:
+        """Chunks of a K-long reduction (at least 1)."""
+        return max(1, -(-k // self.chunk_k))
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Who computes the tree: tile, visiting order, warps, stages, and split-K across the grid.
+
+    Attributes:
+        block_m, block_n: output tile (powers of two >= 16).
+        group_m: row tiles visited together (L2 reuse of the weight); visiting order only.
+        num_warps, num_stages: Triton launch options.
+        split_k: each chunk of a tile in its own program (fp32 workspace, chunk sums added in
+            order by a second kernel) instead of one program walking all chunks.
     """
 
     block_m: int
     block_n: int
-    block_k: int
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    split_k: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k"):
-            value = getattr(self, name)
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"{name}: expected a power of two >= 16, got {value}")
+        _power_of_two("block_m", self.block_m, 16)
+        _power_of_two("block_n", self.block_n, 16)
+        for name in ("group_m", "num_warps", "num_stages"):
+            _positive_int(name, getattr(self, name))
+        if not isinstance(self.split_k, bool):
+            raise ArgumentError("split_k", "a bool", self.split_k)
+
+    @property
+    def name(self) -> str:
+        """``BMxBN gG wW sS`` (+ `` split`` for a split-K execution)."""
+        split = " split" if self.split_k else ""
+        return f"{self.block_m}x{self.block_n} g{self.group_m} w{self.num_warps} s{self.num_stages}{split}"
 
 
 @dataclass(frozen=True)
-class ConfigRule:
-    """One table row: applies to ``arch`` and ``dtypes`` when ``N <= max_n`` and ``K <= max_k``.
+class MatmulConfig:
+    """One launch: a reduction tree and an execution of it."""
 
-    Rows are tried in order; the first match wins.  There is deliberately no M field.
+    tree: ReductionTree
+    execution: Execution
+
+    @property
+    def name(self) -> str:
+        """``BK/chunk CK: <execution name>``."""
+        return f"k{self.tree.block_k}/{self.tree.chunk_k} {self.execution.name}"
+
+
+# --- the reduction tree ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeRule:
+    """How an arch cuts K for one dtype class.  ``chunk_k`` is a function of (N, K) only:
+
+    ``chunks = ceil(decode_programs / ceil(N / tree_tile_n))`` (enough chunks that a one-row
+    GEMM has about ``decode_programs`` programs), ``chunk_k = ceil(K / chunks)`` rounded up to a
+    multiple of ``chunk_quantum``, at least ``min_chunk_k``.  The constants are the arch's, not
+    the device's: two sm90 parts with other SM counts cut K the same way.
     """
 
     arch: str
     dtypes: tuple[torch.dtype, ...]
-    max_n: int | None
-    max_k: int | None
-    config: MatmulConfig
+    block_k: int
+    tree_tile_n: int
+    decode_programs: int
+    chunk_quantum: int
+    min_chunk_k: int
     why: str
+
+    def tree(self, n: int, k: int) -> ReductionTree:
+        columns = max(1, -(-n // self.tree_tile_n))
+        chunks = max(1, -(-self.decode_programs // columns))
+        chunk = -(-max(1, k) // chunks)
+        chunk = -(-chunk // self.chunk_quantum) * self.chunk_quantum
+        return ReductionTree(self.block_k, max(chunk, self.min_chunk_k))
 
 
 HALF = (torch.bfloat16, torch.float16)
 FP32 = (torch.float32,)
+ALL = (*HALF, *FP32)
 
-#: The table.  "interp" is the Triton interpreter (the cpu lane): small tiles there exercise the
-#: edge masks on M, N and K and the persistent walk over several tiles per program.
-TABLE: tuple[ConfigRule, ...] = (
-    ConfigRule(
+TREE_RULES: tuple[TreeRule, ...] = (
+    TreeRule(
         "interp",
-        (*HALF, *FP32),
-        None,
-        None,
-        MatmulConfig(64, 64, 128, group_m=2),
-        "interpreter: numpy-vectorized tiles; small enough that cpu cases span several tiles",
+        ALL,
+        block_k=32,
+        tree_tile_n=64,
+        decode_programs=8,
+        chunk_quantum=64,
+        min_chunk_k=64,
+        why="interpreter: several chunks of two K steps on the cpu lane's small K (160 -> 64 + 64 + 32), "
+        "so chunk boundaries inside a walk, a short last chunk and a partial K step are exercised",
     ),
-    # --- sm90 (H100/H200, 132 SMs) ---
-    ConfigRule(
+    TreeRule(
         "sm90",
         HALF,
-        512,
-        None,
-        MatmulConfig(64, 64, 128, group_m=8, num_warps=4, num_stages=4),
-        "small N (router 4096->256, N=257): 64-wide tiles, one warpgroup wgmma, deep K tiles; "
-        "verified by the H200 sweep.  Tuning (ci/tune_matmul.py, 2026-11-29) found 16x32x256 w4 s3 "
-        "faster (bf16->fp32 256x4096: 0.33-0.87x cuBLAS at every M, this row up to 1.35x): switch "
-        "once a GPU sweep verifies it",
+        block_k=64,
+        tree_tile_n=64,
+        decode_programs=512,
+        chunk_quantum=256,
+        min_chunk_k=256,
+        why="about 4 programs per SM at M = 1 (4096x4096: 8 chunks of 512; 14336x4096: 3 of 1536)",
     ),
-    ConfigRule(
-        "sm90",
-        HALF,
-        None,
-        None,
-        MatmulConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3),
-        "large N: 128x128 tiles, two warpgroups, 3 stages; verified by the H200 sweep.  Tuning "
-        "(2026-11-29) found 64x256x64 w8 s3 better in the worst case over M (decode 3.3x cuBLAS "
-        "instead of 6.3x, prefill about equal): switch once a GPU sweep verifies it",
-    ),
-    ConfigRule(
+    TreeRule(
         "sm90",
         FP32,
-        512,
-        None,
-        MatmulConfig(16, 32, 64, group_m=8, num_warps=4, num_stages=3),
-        "fp32 IEEE router: FMA-bound, so many small tiles (8 at M=1 for N=256); verified by the "
-        "H200 sweep.  Tuning (2026-11-29) found 16x16x128 faster at decode (80 us, this row "
-        "149 us; cuBLAS 3.5 us): switch once a GPU sweep verifies it",
+        block_k=32,
+        tree_tile_n=64,
+        decode_programs=512,
+        chunk_quantum=256,
+        min_chunk_k=256,
+        why="IEEE fp32 (FMA dots): the router 256x4096 in 16 chunks of 256",
     ),
-    ConfigRule(
-        "sm90",
-        FP32,
-        None,
-        None,
-        MatmulConfig(64, 64, 32, group_m=8, num_warps=4, num_stages=3),
-        "fp32 IEEE, large N: 64x64 FMA tiles (32 accumulators per thread)",
-    ),
-    # --- sm100 (B200/GB200): the sm90 choices until measured ---
-    ConfigRule(
-        "sm100",
-        HALF,
-        512,
-        None,
-        MatmulConfig(64, 64, 128, group_m=8, num_warps=4, num_stages=4),
-        "as sm90 (unmeasured on sm100)",
-    ),
-    ConfigRule(
-        "sm100",
-        HALF,
-        None,
-        None,
-        MatmulConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3),
-        "as sm90 (unmeasured on sm100)",
-    ),
-    ConfigRule(
-        "sm100",
-        FP32,
-        512,
-        None,
-        MatmulConfig(16, 32, 64, group_m=8, num_warps=4, num_stages=3),
-        "as sm90 (unmeasured on sm100)",
-    ),
-    ConfigRule(
-        "sm100",
-        FP32,
-        None,
-        None,
-        MatmulConfig(64, 64, 32, group_m=8, num_warps=4, num_stages=3),
-        "as sm90 (unmeasured on sm100)",
-    ),
+    TreeRule("sm100", HALF, 64, 64, 512, 256, 256, "as sm90 (never run on sm100)"),
+    TreeRule("sm100", FP32, 32, 64, 512, 256, 256, "as sm90 (never run on sm100)"),
 )
 
-#: Any other architecture (sm80, sm89, ...): a conservative config that compiles everywhere.
-FALLBACK = MatmulConfig(64, 64, 32, group_m=8, num_warps=4, num_stages=2)
+#: Any other architecture (sm80, sm89, ...): one chunk of 32-wide steps, as before the tree.
+FALLBACK_TREE_RULE = TreeRule("other", ALL, 32, 64, 1, 1 << 30, 1 << 30, "one chunk: a plain k loop")
 
 
-def select_config(arch: str, dtype: torch.dtype, n: int, k: int) -> MatmulConfig:
-    """The config for one GEMM problem class.
+def reduction_tree(arch: str, dtype: torch.dtype, n: int, k: int) -> ReductionTree:
+    """The reduction tree of an ``[M, K] @ [K, N]`` problem of input ``dtype`` on ``arch``.
 
-    Parameters
-    ----------
-    arch : str
-        ``"sm90"``, ``"sm100"``, ... or ``"interp"`` (see :func:`batchinv.fast.device.arch`).
-    dtype : torch.dtype
-        The input dtype (bf16, fp16 or fp32).
-    n, k : int
-        Output columns and reduction length.
-
-    Returns
-    -------
-    MatmulConfig
-        The first matching table row's config, else :data:`FALLBACK`.  There is no M parameter
-        (see the module docstring); a CPU test enforces it.
+    There is no M parameter, by design (a CPU test enforces it): the tree is the bits.
+    ``arch`` is ``"sm90"``, ``"sm100"``, ... or ``"interp"`` (:func:`batchinv.fast.device.arch`).
     """
-    for rule in TABLE:
-        if rule.arch != arch or dtype not in rule.dtypes:
-            continue
-        if rule.max_n is not None and n > rule.max_n:
-            continue
-        if rule.max_k is not None and k > rule.max_k:
-            continue
-        return rule.config
-    return FALLBACK
+    for rule in TREE_RULES:
+        if rule.arch == arch and dtype in rule.dtypes:
+            return rule.tree(n, k)
+    return FALLBACK_TREE_RULE.tree(n, k)
+
+
+# --- the executions -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExecutionRule:
+    """One row of the execution table: applies to ``arch`` and ``dtypes`` when ``N <= max_n`` and
+    ``M <= max_m`` (None: no limit).  Rows are tried in order; the first match wins.  The M key
+    is legitimate because every execution computes the same :class:`ReductionTree`, and
+    ``config_equivalence`` proves the bits equal."""
+
+    arch: str
+    dtypes: tuple[torch.dtype, ...]
+    max_n: int | None
+    max_m: int | None
+    execution: Execution
+    why: str
+
+
+E = Execution
+
+EXECUTION_TABLE: tuple[ExecutionRule, ...] = (
+    # --- interpreter: split at small M, walk above, so the cpu lane's M sweep crosses both ---
+    ExecutionRule(
+        "interp", ALL, None, 16, E(16, 64, group_m=2, split_k=True), "cpu lane: split-K at M <= 16"
+    ),
+    ExecutionRule("interp", ALL, None, None, E(64, 64, group_m=2), "cpu lane: one program walks all chunks"),
+    # --- sm90 (H100/H200) ---
+    ExecutionRule(
+        "sm90", HALF, None, 64, E(16, 64, num_warps=4, num_stages=4, split_k=True), "decode: split-K"
+    ),
+    ExecutionRule("sm90", HALF, 512, None, E(64, 64, num_warps=4, num_stages=4), "router-sized N"),
+    ExecutionRule("sm90", HALF, None, 256, E(128, 128, num_warps=8, num_stages=3), "mid M"),
+    ExecutionRule("sm90", HALF, None, None, E(128, 128, num_warps=8, num_stages=3), "prefill"),
+    ExecutionRule("sm90", FP32, None, 64, E(16, 32, num_warps=4, num_stages=3, split_k=True), "fp32 decode"),
+    ExecutionRule("sm90", FP32, 512, None, E(16, 32, num_warps=4, num_stages=3), "fp32 router"),
+    ExecutionRule("sm90", FP32, None, None, E(64, 64, num_warps=4, num_stages=3), "fp32, large N"),
+    # --- sm100 (B200/GB200): sm90's rows, never run there ---
+    ExecutionRule("sm100", HALF, None, 64, E(16, 64, num_warps=4, num_stages=4, split_k=True), "as sm90"),
+    ExecutionRule("sm100", HALF, None, None, E(128, 128, num_warps=8, num_stages=3), "as sm90"),
+    ExecutionRule("sm100", FP32, None, 64, E(16, 32, num_warps=4, num_stages=3, split_k=True), "as sm90"),
+    ExecutionRule("sm100", FP32, None, None, E(64, 64, num_warps=4, num_stages=3), "as sm90"),
+)
+
+#: Any other architecture: a conservative walk that compiles everywhere.
+FALLBACK_EXECUTION = Execution(64, 64, num_warps=4, num_stages=2)
+
+
+def _rules(arch: str, dtype: torch.dtype, n: int) -> list[ExecutionRule]:
+    return [
+        r
+        for r in EXECUTION_TABLE
+        if r.arch == arch and dtype in r.dtypes and (r.max_n is None or n <= r.max_n)
+    ]
+
+
+def select_execution(arch: str, dtype: torch.dtype, n: int, m: int) -> Execution:
+    """The execution for ``m`` rows: the first row of :data:`EXECUTION_TABLE` that matches,
+    else :data:`FALLBACK_EXECUTION`.  Never changes the bits (see the module docstring)."""
+    for rule in _rules(arch, dtype, n):
+        if rule.max_m is None or m <= rule.max_m:
+            return rule.execution
+    return FALLBACK_EXECUTION
+
+
+def executions(arch: str, dtype: torch.dtype, n: int) -> tuple[Execution, ...]:
+    """Every execution :func:`select_execution` may pick for ``(arch, dtype, N)``, any M: what
+    ``config_equivalence`` runs."""
+    found = [r.execution for r in _rules(arch, dtype, n)] or [FALLBACK_EXECUTION]
+    return tuple(dict.fromkeys(found))
+
+
+def select_config(arch: str, dtype: torch.dtype, n: int, k: int, m: int) -> MatmulConfig:
+    """The launch config: :func:`reduction_tree` (no M) and :func:`select_execution` (M bucket)."""
+    return MatmulConfig(reduction_tree(arch, dtype, n, k), select_execution(arch, dtype, n, m))

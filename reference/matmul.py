@@ -235,24 +235,41 @@ def _gamma(n: int, eps: float) -> float:
 _PARTIAL_CHUNK = 1 << 24
 
 
-def _partial_sums(x64: torch.Tensor, w: torch.Tensor, group: int, steps: int) -> torch.Tensor:
-    """``sum_(g=1..ng-1) |P_g|`` per output, ``P_g`` the fp64 partial sum of the first ``g``
-    groups of ``group`` products (x64 [M, K], w [K, N], float64); [M, N]."""
+def _partial_sums(
+    x64: torch.Tensor, w: torch.Tensor, group: int, steps: int, chunk_groups: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The partial sums a chunked accumulation adds to, per output (x64 [M, K], w [K, N],
+    float64; each [M, N]):
+
+    * ``sum |Q_(c,g)|`` over every chunk ``c`` and every group ``g`` but the chunk's last, with
+      ``Q_(c,g)`` the fp64 sum of the chunk's first ``g`` groups of ``group`` products (the
+      accumulator a step adds to; the chunk's first step adds to zero);
+    * ``sum |T_c|`` over the chunks but the first, ``T_c`` the fp64 sum of the first ``c``
+      chunks (what the chunk-order additions produce).
+
+    ``chunk_groups`` groups per chunk; one chunk covering all ``steps`` groups is the plain
+    increasing-k accumulation (the second sum is then 0)."""
     m, k = x64.shape
     n = w.shape[1]
-    padded = steps * group
+    chunks = -(-steps // chunk_groups)
+    padded = chunks * chunk_groups * group
     xp = torch.zeros(m, padded, dtype=torch.float64, device=x64.device)
     xp[:, :k] = x64
     wp = torch.zeros(padded, n, dtype=torch.float64, device=w.device)
     wp[:k] = w
-    wg = wp.view(steps, group, n)  # [ng, G, N]
-    out = torch.zeros(m, n, dtype=torch.float64, device=x64.device)
-    rows = max(1, _PARTIAL_CHUNK // max(1, steps * n))
+    total_groups = chunks * chunk_groups
+    wg = wp.view(total_groups, group, n)  # [G_all, group, N]
+    within = torch.zeros(m, n, dtype=torch.float64, device=x64.device)
+    across = torch.zeros(m, n, dtype=torch.float64, device=x64.device)
+    rows = max(1, _PARTIAL_CHUNK // max(1, total_groups * n))
     for r0 in range(0, m, rows):
-        xg = xp[r0 : r0 + rows].view(-1, steps, group).transpose(0, 1)  # [ng, r, G]
-        partials = torch.bmm(xg, wg).cumsum(dim=0)  # P_1 .. P_ng, [ng, r, N]
-        out[r0 : r0 + rows] = partials[:-1].abs().sum(dim=0)
-    return out
+        xg = xp[r0 : r0 + rows].view(-1, total_groups, group).transpose(0, 1)  # [G_all, r, group]
+        sums = torch.bmm(xg, wg).view(chunks, chunk_groups, -1, n)  # group sums, [C, Gc, r, N]
+        q = sums.cumsum(dim=1)  # Q_(c,1) .. Q_(c,Gc)
+        within[r0 : r0 + rows] = q[:, :-1].abs().sum(dim=(0, 1))
+        t = q[:, -1].cumsum(dim=0)  # T_1 .. T_C
+        across[r0 : r0 + rows] = t[1:].abs().sum(dim=0)
+    return within, across
 
 
 def tight_bound(
@@ -264,8 +281,10 @@ def tight_bound(
     out_dtype: torch.dtype | None = None,
     reference: torch.Tensor | None = None,
     group: int = 16,
+    chunk: int | None = None,
 ) -> torch.Tensor:
-    """An a-posteriori bound for fp32 accumulation in increasing ``k`` by groups of ``group``.
+    """An a-posteriori bound for fp32 accumulation in increasing ``k`` by groups of ``group``,
+    in chunks of ``chunk`` products whose sums are added in chunk order.
 
     The kernel's order (``batchinv.fast.kernels.matmul``): one fp32 accumulator per output walks
     ``k = 0 .. K-1`` in order; each step adds a group of ``G = group`` consecutive products
@@ -282,6 +301,13 @@ def tight_bound(
                        error carried into later steps; the fp64 partial sums' error)
                      + u * S for fp32 inputs (the interpreter rounds each fp32 product; a GPU's
                        FMA does not) + K * 2**-126 (underflow)
+
+    With chunks (``chunk``: a multiple of ``group``; None or ``>= K``: one chunk), the
+    kernel's reduction tree (``batchinv.fast.matmul_config.ReductionTree``): each chunk is the
+    accumulation above from zero, so ``sum |P_g|`` becomes the sum over chunks of the partial
+    sums ``|Q_(c,g)|`` inside each chunk, and the chunk sums are added in order to a total:
+    ``C - 1`` fp32 additions whose results are the exact ``T_c`` (first ``c`` chunks) up to the
+    error so far, adding ``eps * (sum_(c >= 2) |T_c| + (C - 1) gamma_K S)``.
 
     then the bias and output roundings as :func:`tolerance_bound`.  The bound is rigorous for
     that order of operations, not a probabilistic estimate; it is far below
@@ -302,6 +328,8 @@ def tight_bound(
     args = validate(x, weight, bias, layout, out_dtype, "ieee")
     if group < 1:
         raise ArgumentError("group", "a positive int (products per accumulation step)", group)
+    if chunk is not None and (chunk < 1 or chunk % group):
+        raise ArgumentError("chunk", f"None or a positive multiple of group = {group}", chunk)
     if reference is None:
         reference = matmul(x, weight, bias, layout=layout, out_dtype=out_dtype)
     w = weight_kn(weight, layout).to(torch.float64)  # [K, N]
@@ -309,11 +337,14 @@ def tight_bound(
     s = x64.abs() @ w.abs()  # [M, N]
     k = args.k
     steps = max(1, -(-k // group))  # ng
-    partial_sum = _partial_sums(x64, w, group, steps)  # sum_(g < ng) |P_g|, [M, N]
+    chunk_groups = steps if chunk is None else min(steps, chunk // group)
+    partial_sum, chunk_totals = _partial_sums(x64, w, group, steps, chunk_groups)
+    chunks = -(-steps // chunk_groups)
     g = _gamma(group + 2, FP32_EPS)
-    carried = steps * g * (_gamma(k, FP32_EPS) + _gamma(k, 2.0**-53)) * s
+    carried = (steps * g + (chunks - 1) * FP32_EPS) * (_gamma(k, FP32_EPS) + _gamma(k, 2.0**-53)) * s
+    across = FP32_EPS * chunk_totals
     products = unit_roundoff(torch.float32) * s if x.dtype == torch.float32 else 0.0 * s
-    e_acc = g * (partial_sum + s) + carried + products + k * FP32_MIN_NORMAL
+    e_acc = g * (partial_sum + s) + across + carried + products + k * FP32_MIN_NORMAL
     v = reference.to(torch.float64).abs()  # [M, N]
     e_bias = unit_roundoff(torch.float32) * (v + e_acc) + FP32_MIN_NORMAL if bias is not None else 0.0 * s
     if args.out_dtype == torch.float32:

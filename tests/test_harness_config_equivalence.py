@@ -1,8 +1,9 @@
-"""The ``config_equivalence`` check has teeth: a planted config with another BLOCK_K is named.
+"""The ``config_equivalence`` check has teeth: a planted config with another tree is named.
 
-The shipped matmul's declared configs (other BLOCK_M / BLOCK_N / warps / stages, the same
-BLOCK_K) agree bitwise on the cpu lane; a config with half the BLOCK_K slipped into the
-declared set changes the association of every fp32 sum and the check fails naming it.  The
+The shipped matmul's declared configs (every execution of the table: split-K across the grid or
+a walk, other tiles, warps, stages; the same reduction tree) agree bitwise on the cpu lane; a
+config with half the BLOCK_K or twice the chunk size slipped into the declared set changes the
+association of the fp32 sums and the check fails naming it.  The
 driver itself is checked on planted functions, and the check applies only to components that
 declare configs.
 """
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from batchinv.fast import matmul as fast_matmul
+from batchinv.fast.matmul_config import ReductionTree
 from batchinv.harness import invariance
 from batchinv.harness.checks import FAST, run_check
 from batchinv.harness.lanes import Lane
@@ -24,29 +26,40 @@ from batchinv.harness.registry import Batch, components, get
 pytestmark = pytest.mark.cpu
 
 
-def _with_planted_block_k(component):
+def _with_planted(component, change, label):
+    """``component`` whose declared configs also hold the table's execution with the tree
+    ``change(tree)``, named ``planted_<label>``."""
     declared = component.configs
 
     def configs(batch, lane):
         out = dict(declared(batch, lane))
         x, w = batch.rows["x"], batch.shared["weight"]
         cfg = fast_matmul.plan(x.shape[0], w.shape[0], x.shape[1], x.dtype, x.device).config
-        planted = replace(cfg, block_k=cfg.block_k // 2)
-        out[f"planted_block_k_{planted.block_k}"] = functools.partial(fast_matmul.matmul, config=planted)
+        planted = replace(cfg, tree=change(cfg.tree))
+        out[f"planted_{label}"] = functools.partial(fast_matmul.matmul, config=planted)
         return out
 
     return replace(component, configs=configs)
 
 
-def test_a_planted_config_with_another_block_k_is_detected_and_named():
+@pytest.mark.parametrize(
+    ("label", "change"),
+    [
+        # K = 160 in 32-wide steps: 16-wide steps associate each step's sum otherwise
+        ("half_block_k", lambda tree: ReductionTree(tree.block_k // 2, tree.chunk_k)),
+        # chunks of 64 + 64 + 32, or 128 + 32: another association of the chunk sums
+        ("twice_chunk_k", lambda tree: ReductionTree(tree.block_k, 2 * tree.chunk_k)),
+    ],
+)
+def test_a_planted_config_with_another_tree_is_detected_and_named(label, change):
     comp = get("matmul")
-    case = comp.cases(Lane.CPU)[0]  # K = 160: two K tiles of 128, or three of 64
+    case = comp.cases(Lane.CPU)[0]
     shipped = run_check(comp, FAST, "config_equivalence", case, Lane.CPU)
     assert shipped.status == "pass", shipped.detail
-    planted = run_check(_with_planted_block_k(comp), FAST, "config_equivalence", case, Lane.CPU)
-    assert planted.status == "fail"
-    assert planted.where == ["config planted_block_k_64"], planted.where
-    assert planted.rows_differing > 0 and "config planted_block_k_64" in planted.first_difference
+    planted = run_check(_with_planted(comp, change, label), FAST, "config_equivalence", case, Lane.CPU)
+    assert planted.status == "fail", planted.detail
+    assert planted.where == [f"config planted_{label}"], planted.where
+    assert planted.rows_differing > 0 and f"config planted_{label}" in planted.first_difference
 
 
 def test_driver_names_the_differing_config_and_passes_equal_ones():

@@ -62,29 +62,68 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 # --- the config table -------------------------------------------------------------------------
 
 
-def test_config_table_is_never_keyed_on_m():
-    """select_config takes (arch, dtype, n, k) and nothing else; no table row has an M field;
-    and the launch plan's config is the same object at every M of every lane's sweep."""
-    params = list(inspect.signature(matmul_config.select_config).parameters)
+def test_reduction_tree_is_never_keyed_on_m():
+    """reduction_tree takes (arch, dtype, n, k) and nothing else; no tree rule has an M field;
+    and the launch plan's tree is the same at every M of every lane's sweep, while the
+    execution moves with M (split-K at decode, a walk above) on the GPU tables."""
+    params = list(inspect.signature(matmul_config.reduction_tree).parameters)
     assert params == ["arch", "dtype", "n", "k"]
-    for cls in (matmul_config.ConfigRule, matmul_config.MatmulConfig):
+    for cls in (matmul_config.TreeRule, matmul_config.ReductionTree):
         names = {f.name.lower() for f in dataclasses.fields(cls)}
-        assert not any(name in ("m", "max_m", "min_m", "block_m_for_m") for name in names), names
+        assert not any(name in ("m", "max_m", "min_m") for name in names), names
     ms = sorted(set(m_sweep(Lane.SM90)) | {3, 100, 1000, 4097, 65536})
     for n, k in [(256, 4096), (4096, 4096), (257, 1000), (14336, 4096), (64, 64)]:
         for dtype in (BF16, F16, F32):
-            configs = {plan(m, n, k, dtype, torch.device("cpu")).config for m in ms}
-            assert len(configs) == 1, f"(N={n}, K={k}, {dtype}): configs differ across M: {configs}"
-            for arch in ("sm90", "sm100", "sm80", "interp"):
-                assert matmul_config.select_config(arch, dtype, n, k) in {
-                    r.config for r in matmul_config.TABLE
-                } | {matmul_config.FALLBACK}
+            trees = {plan(m, n, k, dtype, torch.device("cpu")).config.tree for m in ms}
+            assert len(trees) == 1, f"(N={n}, K={k}, {dtype}): trees differ across M: {trees}"
+            for arch_key in ("sm90", "sm100"):
+                execs = {matmul_config.select_config(arch_key, dtype, n, k, m).execution for m in ms}
+                assert {e.split_k for e in execs} == {True, False}, execs
+                assert execs <= set(matmul_config.executions(arch_key, dtype, n))
+
+
+def test_tree_rule_cuts_k_as_documented():
+    """The sm90 tree: about 512 programs at M = 1 with 64-wide columns, chunks a multiple of 256
+    (so of every BLOCK_K), at least 256; the last chunk may be short; a K shorter than the
+    minimum is one chunk."""
+    tree = matmul_config.reduction_tree("sm90", BF16, 4096, 4096)
+    assert (tree.block_k, tree.chunk_k, tree.num_chunks(4096)) == (64, 512, 8)
+    tree = matmul_config.reduction_tree("sm90", BF16, 14336, 4096)
+    assert (tree.chunk_k, tree.num_chunks(4096)) == (1536, 3)
+    tree = matmul_config.reduction_tree("sm90", F32, 256, 4096)
+    assert (tree.block_k, tree.chunk_k, tree.num_chunks(4096)) == (32, 256, 16)
+    assert matmul_config.reduction_tree("sm90", BF16, 4096, 100).num_chunks(100) == 1
+    assert matmul_config.reduction_tree("sm80", BF16, 4096, 4096).num_chunks(4096) == 1
+    for n, k in [(256, 7168), (4096, 14336), (2688, 4096), (257, 1000), (1, 1)]:
+        tree = matmul_config.reduction_tree("sm90", BF16, n, k)
+        assert tree.chunk_k % 256 == 0 and tree.chunk_k % tree.block_k == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: matmul_config.ReductionTree(48, 96),
+        lambda: matmul_config.ReductionTree(32, 48),
+        lambda: matmul_config.ReductionTree(32, 0),
+        lambda: matmul_config.Execution(24, 64),
+        lambda: matmul_config.Execution(16, 64, num_warps=0),
+        lambda: matmul_config.Execution(16, 64, split_k=1),
+    ],
+)
+def test_config_fields_are_checked(bad):
+    with pytest.raises(ArgumentError):
+        bad()
+
+
+def test_config_argument_is_checked():
+    with pytest.raises(ArgumentError, match="'config'"):
+        plan(2, 16, 32, F32, torch.device("cpu"), config=(16, 16, 16))
 
 
 def test_table_has_a_small_n_router_entry_per_gpu_arch():
-    for arch in ("sm90", "sm100"):
-        router = matmul_config.select_config(arch, F32, 256, 4096)
-        dense = matmul_config.select_config(arch, F32, 4096, 4096)
+    for arch_key in ("sm90",):
+        router = matmul_config.select_config(arch_key, F32, 256, 4096, 4096).execution
+        dense = matmul_config.select_config(arch_key, F32, 4096, 4096, 4096).execution
         assert router != dense
         assert router.block_n <= 64
 

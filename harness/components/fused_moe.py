@@ -195,16 +195,17 @@ def logit_movement(
     hidden: torch.Tensor, router_weight: torch.Tensor, l64: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``[T]`` fp64: how far a fast fp32 logit may be from the reference's (fp64 rounded once):
-    the pinned matmul's a-posteriori bound for its order (increasing k by groups of 16 on a GPU,
-    of its BLOCK_K under the interpreter: :func:`batchinv.reference.matmul.tight_bound`, rigorous
-    for that order, fp32 output rounding included) plus the reference's rounding (2^-24 |l|).
+    the pinned matmul's a-posteriori bound for its reduction tree (chunks summed in increasing k
+    by groups of 16 on a GPU, of its BLOCK_K under the interpreter:
+    :func:`batchinv.reference.matmul.tight_bound`, rigorous for that order, fp32 output rounding
+    included) plus the reference's rounding (2^-24 |l|).
     ``l64``: the exact logits ``hidden @ router_weight.T`` in fp64, when the caller has them."""
     from batchinv.fast import matmul as fast_matmul
     from batchinv.reference import matmul as ref_matmul
 
     t, h = hidden.shape
     e = router_weight.shape[0]
-    plan = fast_matmul.plan(t, e, h, hidden.dtype, hidden.device)
+    group, chunk = fast_matmul.accumulation(t, e, h, hidden.dtype, hidden.device)
     if l64 is None:
         l64 = hidden.double() @ router_weight.double().T
     moved = ref_matmul.tight_bound(
@@ -213,7 +214,8 @@ def logit_movement(
         None,
         out_dtype=torch.float32,
         reference=l64,
-        group=plan.config.block_k if plan.interpreted else 16,
+        group=group,
+        chunk=chunk,
     )
     return (moved.double() + U_FP32 * l64.abs() + TINY).amax(dim=1)
 

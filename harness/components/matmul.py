@@ -30,6 +30,8 @@ import torch
 from batchinv.fast import matmul as fast_matmul
 from batchinv.fast import matmul_baselines as bl
 from batchinv.fast import ops
+from batchinv.fast.device import arch
+from batchinv.fast.matmul_config import Execution, MatmulConfig, executions
 from batchinv.harness.bitpatterns import catalogue, inject, relu_plateau
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import (
@@ -199,15 +201,15 @@ def _exact_operands(
     return x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
 
 
-def accumulation_group(batch: Batch) -> int:
-    """Products per accumulation step of the fast kernel on this batch's lane: a K tile under
-    the interpreter (its products are summed in one ``tl.sum``), 16 on a GPU (a tensor-core
-    MMA's k-step; fp32's FMA, one product per step, is finer and covered)."""
+def accumulation(batch: Batch) -> tuple[int, int]:
+    """``(group, chunk)`` of the fast kernel on this batch's lane: products per accumulation
+    step (a K tile under the interpreter, whose products are summed in one ``tl.sum``; 16 on a
+    GPU, a tensor-core MMA's k-step, and fp32's FMA, one product per step, is finer and covered)
+    and products per chunk of the reduction tree."""
     x, s = batch.rows["x"], batch.shared
     w = s["weight"]
     n = w.shape[0] if s["layout"] == "linear" else w.shape[1]
-    p = fast_matmul.plan(x.shape[0], n, x.shape[1], x.dtype, x.device)
-    return p.config.block_k if p.interpreted else 16
+    return fast_matmul.accumulation(x.shape[0], n, x.shape[1], x.dtype, x.device)
 
 
 def _bound_of(fn: Any, batch: Batch, reference: Outputs, **extra: Any) -> Outputs:
@@ -227,8 +229,10 @@ def _bound_of(fn: Any, batch: Batch, reference: Outputs, **extra: Any) -> Output
 
 
 def tight(batch: Batch, reference: Outputs) -> Outputs:
-    """The judged bound: :func:`batchinv.reference.matmul.tight_bound` in this lane's grouping."""
-    return _bound_of(ref_matmul.tight_bound, batch, reference, group=accumulation_group(batch))
+    """The judged bound: :func:`batchinv.reference.matmul.tight_bound` for the kernel's
+    reduction tree on this lane (its grouping and chunks)."""
+    group, chunk = accumulation(batch)
+    return _bound_of(ref_matmul.tight_bound, batch, reference, group=group, chunk=chunk)
 
 
 def exact(batch: Batch, reference: Outputs) -> Outputs:
@@ -265,32 +269,31 @@ def bound(batch: Batch, reference: Outputs) -> Outputs:
 
 
 def configs(batch: Batch, lane: Lane) -> dict[str, Any]:
-    """The executions the launcher may choose for ``batch``'s (dtype, N, K), besides the table's:
-    other BLOCK_M / BLOCK_N / GROUP_M tiles and num_warps / num_stages, always the table's
-    BLOCK_K (the reduction order: every output is the same fp32 sum over the same K tiles).
-    Named ``BMxBNxBK gG wW sS``.  Under the interpreter warps and stages are ignored but the
-    tile shapes run; on GPU lanes the variants keep shared memory under the H200's 227 KB."""
+    """Every execution the launcher may choose for ``batch``'s (arch, dtype, N), at any M, besides
+    the one it ran: each row of the execution table (split-K across the grid or one program
+    walking the chunks, each tile, warps and stages), plus on GPU lanes each of them with the
+    other warps count and one stage fewer, and under the interpreter two odd tiles.  Always the
+    table's reduction tree.  Named after :attr:`MatmulConfig.name`."""
     x, weight = batch.rows["x"], batch.shared["weight"]
     layout = batch.shared.get("layout", "linear")
     n = weight.shape[0] if layout == "linear" else weight.shape[1]
-    cfg = fast_matmul.plan(x.shape[0], n, x.shape[1], x.dtype, x.device).config
+    m, k = x.shape
+    ran = fast_matmul.plan(m, n, k, x.dtype, x.device).config
+    key = arch(x.device if lane.is_gpu else None)
+    variants: list[Execution] = []
+    for ex in executions(key, x.dtype, n):
+        variants.append(ex)
+        if lane.is_gpu:
+            variants.append(
+                replace(ex, num_warps=8 if ex.num_warps == 4 else 4, num_stages=max(2, ex.num_stages - 1))
+            )
     if not lane.is_gpu:
-        variants = [
-            replace(cfg, block_m=32, block_n=128, group_m=1),
-            replace(cfg, block_m=128, block_n=32, num_warps=8, num_stages=2),
-        ]
-    else:
-        variants = [
-            replace(cfg, block_m=16, num_stages=2),
-            replace(cfg, block_n=64 if cfg.block_n != 64 else 128, num_warps=8 if cfg.num_warps == 4 else 4),
-            replace(cfg, block_m=64 if cfg.block_m != 64 else 128, block_n=64, group_m=1, num_stages=2),
-        ]
+        variants += [Execution(32, 128, group_m=1, split_k=True), Execution(128, 32, num_warps=8)]
     out = {}
-    for v in variants:
-        if v == cfg:
-            continue
-        name = f"{v.block_m}x{v.block_n}x{v.block_k} g{v.group_m} w{v.num_warps} s{v.num_stages}"
-        out[name] = functools.partial(fast_matmul.matmul, config=v)
+    for ex in dict.fromkeys(variants):
+        cfg = MatmulConfig(ran.tree, ex)
+        if cfg != ran:
+            out[cfg.name] = functools.partial(fast_matmul.matmul, config=cfg)
     return out
 
 
@@ -462,6 +465,14 @@ COMPONENT = Component(
             expected_to_vary_on=frozenset({Lane.CPU}),
         ),
         Baseline(
+            "other_chunk_k",
+            bl.other_chunk_k,
+            "config_equivalence's negative control on every lane: the table's execution with another "
+            "chunk size (twice the table's chunk_k, or half of a single chunk): batch-invariant, another "
+            "association of the chunk sums",
+            expected_to_vary_on=ALL_LANES,
+        ),
+        Baseline(
             "two_k_slices",
             bl.two_k_slices,
             "config_equivalence's negative control on every lane: K always in two slices whose fp32 partials "
@@ -484,14 +495,16 @@ COMPONENT = Component(
         out_dtypes=lambda batch: (batch.shared["out_dtype"] or batch.rows["x"].dtype,),
         tight_bound=tight,
         tight_justification=(
-            "the kernel adds its K products to one fp32 accumulator in increasing k, a group of G at a "
-            "time (G = 16, a tensor-core MMA's k-step, on GPUs; BLOCK_K under the interpreter); each "
-            "step errs by at most gamma_(G+2) (eps = 2**-23, truncating adders allowed) of |accumulator| "
-            "+ the group's sum |x w|.  Summed over the steps with the exact partial sums P_g from fp64: "
-            "gamma_(G+2) (sum_g |P_g| + S) plus second-order terms, then the bias and output roundings. "
-            "|P_g| grows like sqrt(k) for random signs where S grows like k, so at K = 4096 this is 2-6% "
-            "of the any-order bound: TF32 operands, a bf16 rounding of fp32 logits, 16-bit accumulation "
-            "and a dropped product exceed it."
+            "the kernel's reduction tree: K in chunks (fast.matmul_config.reduction_tree, from arch, dtype, "
+            "N, K), each summed from zero in increasing k, a group of G products at a time (G = 16, a "
+            "tensor-core MMA's k-step, on GPUs; BLOCK_K under the interpreter), the chunk sums added in "
+            "chunk order; each step errs by at most gamma_(G+2) (eps = 2**-23, truncating adders allowed) of "
+            "|accumulator| + the group's sum |x w|, each chunk addition by eps of the running total.  Summed "
+            "with the exact partial sums from fp64: gamma_(G+2) (sum_(c,g) |Q_(c,g)| + S) + eps sum_c |T_c| "
+            "plus second-order terms, then the bias and output roundings.  The partial sums grow like "
+            "sqrt(k) for random signs where S grows like k, so at K = 4096 this is a few % of the any-order "
+            "bound: TF32 operands, a bf16 rounding of fp32 logits, 16-bit accumulation and a dropped "
+            "product exceed it."
         ),
         precision_models=tuple(
             PrecisionModel(

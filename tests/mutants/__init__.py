@@ -16,10 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from batchinv.fast.matmul_config import reduction_tree
 from batchinv.harness.registry import Case
 
 from . import decode_partition_plan as plan_mutants
 from . import emulated, kernels
+
+#: The interpreter's matmul K step (every dtype): a K that is not a multiple has a partial tile.
+INTERP_MATMUL_BLOCK_K = reduction_tree("interp", torch.float32, 1, 1).block_k
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,7 @@ MUTANTS: tuple[Mutant, ...] = (
         kernels.matmul_dropped_partial_k_tile,
         "k_tiles = K // BLOCK_K: the last, partial K tile is never added",
         ("agreement",),
-        every_case=lambda case: int(case.axes["k"]) % 128 != 0,  # the interpreter's BLOCK_K
+        every_case=lambda case: int(case.axes["k"]) % INTERP_MATMUL_BLOCK_K != 0,
     ),
     Mutant(
         "matmul_dropped_last_product",
@@ -93,6 +99,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "the K mask is off by one: the product at k = K - 1 is never added",
         ("agreement",),
         every_case=lambda case: True,
+    ),
+    Mutant(
+        "matmul_walk_chunk_boundary_off_by_one",
+        "matmul",
+        kernels.matmul_walk_chunk_boundary_off_by_one,
+        "the walk adds a chunk's sum one K tile early: another tree than the split execution's",
+        ("config_equivalence", "batch_prefix"),
     ),
     Mutant(
         "matmul_block_k_from_rows",

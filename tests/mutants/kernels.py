@@ -91,9 +91,9 @@ def topk_negative_zero_below_positive_zero() -> Callable[..., Any]:
 # --- matmul -----------------------------------------------------------------------------------
 
 
-def _matmul_kernel_subject(old: str, new: str) -> Callable[..., Any]:
-    kernel = mutate(matmul_kernels, "persistent_matmul_kernel", old, new)
-    return with_kernel(matmul_kernels, "persistent_matmul_kernel", kernel, matmul_launcher.matmul)
+def _matmul_kernel_subject(old: str, new: str, target: str = "chunked_matmul_kernel") -> Callable[..., Any]:
+    kernel = mutate(matmul_kernels, target, old, new, entry="chunked_matmul_kernel")
+    return with_kernel(matmul_kernels, "chunked_matmul_kernel", kernel, matmul_launcher.matmul)
 
 
 def matmul_dropped_partial_k_tile() -> Callable[..., Any]:
@@ -101,20 +101,29 @@ def matmul_dropped_partial_k_tile() -> Callable[..., Any]:
 
 
 def matmul_dropped_last_product() -> Callable[..., Any]:
-    return _matmul_kernel_subject("k_left = K - kt * BLOCK_K", "k_left = K - 1 - kt * BLOCK_K")
+    return _matmul_kernel_subject("k_left = K - kt * BLOCK_K", "k_left = K - 1 - kt * BLOCK_K", "_k_step")
+
+
+def matmul_walk_chunk_boundary_off_by_one() -> Callable[..., Any]:
+    return _matmul_kernel_subject(
+        "if ((kt + 1) % chunk_tiles == 0) | (kt + 1 == k_tiles):",
+        "if (kt % chunk_tiles == 0) | (kt + 1 == k_tiles):",
+    )
 
 
 def _halve_block_k_for_small_m(config: Any, m: int) -> Any:
-    return replace(config, block_k=max(16, config.block_k // 2)) if m <= 16 else config
+    if m > 16:
+        return config
+    return replace(config, tree=replace(config.tree, block_k=max(16, config.tree.block_k // 2)))
 
 
 def matmul_block_k_from_rows() -> Callable[..., Any]:
     return mutate(  # type: ignore[no-any-return]
         matmul_launcher,
         "plan",
-        "cfg = config if config is not None else select_config(arch(device if on_gpu else None), dtype, n, k)",
+        "cfg = config if config is not None else select_config(arch(device if on_gpu else None), dtype, n, k, m)",
         "cfg = config if config is not None else halve_block_k_for_small_m("
-        "select_config(arch(device if on_gpu else None), dtype, n, k), m)",
+        "select_config(arch(device if on_gpu else None), dtype, n, k, m), m)",
         entry="matmul",
         extra_globals={"halve_block_k_for_small_m": _halve_block_k_for_small_m},
     )
