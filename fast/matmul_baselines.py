@@ -75,6 +75,31 @@ def torch_default(
     return out.to(args.out_dtype)
 
 
+def torch_then_cast(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    layout: str = "linear",
+    out_dtype: torch.dtype | None = None,
+    precision: str = "ieee",
+) -> torch.Tensor:
+    """``F.linear`` / ``torch.mm`` in the input dtype, then cast to ``out_dtype``: issue 11's
+    speed comparator for fp32 router logits from bf16 (a bf16 GEMM, then ``.float()``, so the
+    logits carry a bf16 rounding).  TF32 follows PyTorch's setting (off by default).  Not
+    batch-invariant on GPUs (cuBLAS picks its algorithm per M)."""
+    args = validate(x, weight, bias, layout, out_dtype, precision)
+    apply_preferred_blas()
+    bias = bias.to(x.dtype) if bias is not None else None
+    if layout == "linear":
+        out = F.linear(x, weight, bias)
+    elif bias is not None:
+        out = torch.addmm(bias, x, weight)
+    else:
+        out = torch.mm(x, weight)
+    return out.to(args.out_dtype)
+
+
 #: Split-K tiles: fixed (the variance comes from the split count, not the tile).
 _SPLITK_BLOCK = {"interp": (64, 64, 32), "gpu": (64, 64, 64)}
 

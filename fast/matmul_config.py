@@ -123,73 +123,62 @@ class MatmulConfig:
 
 @dataclass(frozen=True)
 class TreeRule:
-    """How an arch cuts K for one dtype class.  ``chunk_k`` is a function of (N, K) only:
-
-    ``chunks = ceil(decode_programs / ceil(N / tree_tile_n))`` (enough chunks that a one-row
-    GEMM has about ``decode_programs`` programs), ``chunk_k = ceil(K / chunks)`` rounded up to a
-    multiple of ``chunk_quantum``, at least ``min_chunk_k``.  The constants are the arch's, not
-    the device's: two sm90 parts with other SM counts cut K the same way.
-    """
+    """One row of the tree table: applies to ``arch`` and ``dtypes`` when the row's ``n`` and
+    ``k`` (None: any) equal the problem's and ``N <= max_n`` (None: any).  Rows are tried in
+    order; the first match wins.  There is no M field, on purpose."""
 
     arch: str
     dtypes: tuple[torch.dtype, ...]
-    block_k: int
-    tree_tile_n: int
-    decode_programs: int
-    chunk_quantum: int
-    min_chunk_k: int
+    tree: ReductionTree
     why: str
+    n: int | None = None
+    k: int | None = None
+    max_n: int | None = None
 
-    def tree(self, n: int, k: int) -> ReductionTree:
-        columns = max(1, -(-n // self.tree_tile_n))
-        chunks = max(1, -(-self.decode_programs // columns))
-        chunk = -(-max(1, k) // chunks)
-        chunk = -(-chunk // self.chunk_quantum) * self.chunk_quantum
-        return ReductionTree(self.block_k, max(chunk, self.min_chunk_k))
+    def matches(self, arch: str, dtype: torch.dtype, n: int, k: int) -> bool:
+        return (
+            self.arch == arch
+            and dtype in self.dtypes
+            and (self.n is None or self.n == n)
+            and (self.k is None or self.k == k)
+            and (self.max_n is None or n <= self.max_n)
+        )
 
 
 HALF = (torch.bfloat16, torch.float16)
 FP32 = (torch.float32,)
 ALL = (*HALF, *FP32)
+T = ReductionTree
 
-TREE_RULES: tuple[TreeRule, ...] = (
+#: The tree table.  sm90 rows: the H200 tuning run 29 (``ci/tune_matmul.py``, docs/BENCHMARKS.md):
+#: for each production shape, the chunk whose best split execution was fastest at M = 1..32
+#: (fewer chunks: less workspace traffic at M = 32-64; more: more programs at M = 1).
+TREE_TABLE: tuple[TreeRule, ...] = (
     TreeRule(
         "interp",
         ALL,
-        block_k=32,
-        tree_tile_n=64,
-        decode_programs=8,
-        chunk_quantum=64,
-        min_chunk_k=64,
-        why="interpreter: several chunks of two K steps on the cpu lane's small K (160 -> 64 + 64 + 32), "
-        "so chunk boundaries inside a walk, a short last chunk and a partial K step are exercised",
+        T(32, 64),
+        "interpreter: chunks of two K steps on the cpu lane's small K (160 -> 64 + 64 + 32), so chunk "
+        "boundaries inside a walk, a short last chunk and a partial K step are exercised",
     ),
     TreeRule(
         "sm90",
         HALF,
-        block_k=64,
-        tree_tile_n=64,
-        decode_programs=512,
-        chunk_quantum=256,
-        min_chunk_k=256,
-        why="about 4 programs per SM at M = 1 (4096x4096: 8 chunks of 512; 14336x4096: 3 of 1536)",
+        T(64, 1536),
+        "3 chunks: 1.13-1.23x cuBLAS at M <= 32 (2 chunks: 1.23-1.43x)",
+        14336,
+        4096,
     ),
-    TreeRule(
-        "sm90",
-        FP32,
-        block_k=32,
-        tree_tile_n=64,
-        decode_programs=512,
-        chunk_quantum=256,
-        min_chunk_k=256,
-        why="IEEE fp32 (FMA dots): the router 256x4096 in 16 chunks of 256",
-    ),
-    TreeRule("sm100", HALF, 64, 64, 512, 256, 256, "as sm90 (never run on sm100)"),
-    TreeRule("sm100", FP32, 32, 64, 512, 256, 256, "as sm90 (never run on sm100)"),
+    TreeRule("sm90", HALF, T(64, 3584), "4 chunks: 1.09-1.14x at M <= 32, 1.31x at M = 128", 4096, 14336),
+    TreeRule("sm90", HALF, T(64, 1024), "router N <= 512: 0.84-1.06x cuBLAS + cast at M <= 512", max_n=512),
+    TreeRule("sm90", HALF, T(64, 1024), "4096x4096 and 2688x4096: 4 chunks (8 and 2 were slower at M <= 32)"),
+    TreeRule("sm90", FP32, T(32, 256), "IEEE fp32 router: 16 chunks of 256 (K steps 64 / 128 no faster)"),
+    TreeRule("sm100", HALF, T(64, 1024), "as sm90 (never run on sm100)"),
+    TreeRule("sm100", FP32, T(32, 256), "as sm90 (never run on sm100)"),
 )
 
-#: Any other architecture (sm80, sm89, ...): one chunk of 32-wide steps, as before the tree.
-FALLBACK_TREE_RULE = TreeRule("other", ALL, 32, 64, 1, 1 << 30, 1 << 30, "one chunk: a plain k loop")
+#: Any other architecture (sm80, sm89, ...): one chunk of 32-wide steps, a plain k loop.
+FALLBACK_TREE = ReductionTree(32, 1 << 30)
 
 
 def reduction_tree(arch: str, dtype: torch.dtype, n: int, k: int) -> ReductionTree:
@@ -198,10 +187,10 @@ def reduction_tree(arch: str, dtype: torch.dtype, n: int, k: int) -> ReductionTr
     There is no M parameter, by design (a CPU test enforces it): the tree is the bits.
     ``arch`` is ``"sm90"``, ``"sm100"``, ... or ``"interp"`` (:func:`batchinv.fast.device.arch`).
     """
-    for rule in TREE_RULES:
-        if rule.arch == arch and dtype in rule.dtypes:
-            return rule.tree(n, k)
-    return FALLBACK_TREE_RULE.tree(n, k)
+    for rule in TREE_TABLE:
+        if rule.matches(arch, dtype, n, k):
+            return rule.tree
+    return FALLBACK_TREE
 
 
 # --- the executions -------------------------------------------------------------------------
@@ -224,26 +213,38 @@ class ExecutionRule:
 
 E = Execution
 
+#: The execution table.  sm90 rows: the fastest execution per M bucket over the production shapes
+#: in tuning run 29 (every candidate gave the bits of the others of its tree there; the sweep's
+#: config_equivalence checks the rows below on every GPU case).
 EXECUTION_TABLE: tuple[ExecutionRule, ...] = (
     # --- interpreter: split at small M, walk above, so the cpu lane's M sweep crosses both ---
     ExecutionRule(
         "interp", ALL, None, 16, E(16, 64, group_m=2, split_k=True), "cpu lane: split-K at M <= 16"
     ),
     ExecutionRule("interp", ALL, None, None, E(64, 64, group_m=2), "cpu lane: one program walks all chunks"),
-    # --- sm90 (H100/H200) ---
+    # --- sm90 (H100/H200), 16-bit inputs ---
+    ExecutionRule("sm90", HALF, 512, 32, E(16, 64, num_warps=2, num_stages=4, split_k=True), "router decode"),
     ExecutionRule(
-        "sm90", HALF, None, 64, E(16, 64, num_warps=4, num_stages=4, split_k=True), "decode: split-K"
+        "sm90", HALF, 512, 256, E(64, 64, num_warps=4, num_stages=3, split_k=True), "router, mid M"
     ),
-    ExecutionRule("sm90", HALF, 512, None, E(64, 64, num_warps=4, num_stages=4), "router-sized N"),
-    ExecutionRule("sm90", HALF, None, 256, E(128, 128, num_warps=8, num_stages=3), "mid M"),
-    ExecutionRule("sm90", HALF, None, None, E(128, 128, num_warps=8, num_stages=3), "prefill"),
-    ExecutionRule("sm90", FP32, None, 64, E(16, 32, num_warps=4, num_stages=3, split_k=True), "fp32 decode"),
-    ExecutionRule("sm90", FP32, 512, None, E(16, 32, num_warps=4, num_stages=3), "fp32 router"),
-    ExecutionRule("sm90", FP32, None, None, E(64, 64, num_warps=4, num_stages=3), "fp32, large N"),
-    # --- sm100 (B200/GB200): sm90's rows, never run there ---
-    ExecutionRule("sm100", HALF, None, 64, E(16, 64, num_warps=4, num_stages=4, split_k=True), "as sm90"),
+    ExecutionRule("sm90", HALF, 512, 1024, E(64, 128, num_warps=4, num_stages=3, split_k=True), "router"),
+    ExecutionRule("sm90", HALF, 512, None, E(64, 128, num_warps=4, num_stages=4), "router prefill: walk"),
+    ExecutionRule("sm90", HALF, None, 16, E(16, 128, num_warps=4, num_stages=4, split_k=True), "decode"),
+    ExecutionRule("sm90", HALF, None, 32, E(32, 128, num_warps=4, num_stages=3, split_k=True), "decode"),
+    ExecutionRule("sm90", HALF, None, 128, E(64, 128, num_warps=4, num_stages=3, split_k=True), "M 33-128"),
+    ExecutionRule("sm90", HALF, None, 256, E(64, 128, num_warps=4, num_stages=4), "walk"),
+    ExecutionRule("sm90", HALF, None, 512, E(128, 128, num_warps=8, num_stages=3), "walk"),
+    ExecutionRule("sm90", HALF, None, None, E(128, 256, num_warps=8, num_stages=3), "prefill walk"),
+    # --- sm90, IEEE fp32 (FMA dots) ---
+    ExecutionRule("sm90", FP32, None, 32, E(16, 32, num_warps=2, num_stages=3, split_k=True), "fp32 decode"),
+    ExecutionRule("sm90", FP32, None, 64, E(32, 64, num_warps=4, num_stages=3, split_k=True), "fp32"),
+    ExecutionRule("sm90", FP32, 512, None, E(64, 64, num_warps=4, num_stages=3, split_k=True), "fp32 router"),
+    ExecutionRule("sm90", FP32, None, None, E(64, 64, num_warps=4, num_stages=3), "fp32, large N: walk"),
+    # --- sm100 (B200/GB200): sm90's shapes of rows, never run there ---
+    ExecutionRule("sm100", HALF, None, 16, E(16, 128, num_warps=4, num_stages=4, split_k=True), "as sm90"),
+    ExecutionRule("sm100", HALF, None, 128, E(64, 128, num_warps=4, num_stages=3, split_k=True), "as sm90"),
     ExecutionRule("sm100", HALF, None, None, E(128, 128, num_warps=8, num_stages=3), "as sm90"),
-    ExecutionRule("sm100", FP32, None, 64, E(16, 32, num_warps=4, num_stages=3, split_k=True), "as sm90"),
+    ExecutionRule("sm100", FP32, None, 32, E(16, 32, num_warps=2, num_stages=3, split_k=True), "as sm90"),
     ExecutionRule("sm100", FP32, None, None, E(64, 64, num_warps=4, num_stages=3), "as sm90"),
 )
 

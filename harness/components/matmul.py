@@ -118,18 +118,48 @@ def cases(lane: Lane) -> list[Case]:
     ]
 
 
-#: ``batchinv bench matmul``: F.linear layout (the production one), M per point.
+#: ``batchinv bench matmul``: F.linear layout (the production one), M per point: issue 11's table.
 BENCH_M: tuple[int, ...] = (1, 8, 32, 128, 512, 1024, 4096)
 BENCH_SHAPES: tuple[tuple[int, int, str, str], ...] = (
     # (N, K, input dtype, output dtype)
-    (256, 4096, "fp32", "fp32"),  # router fp32 IEEE
-    (256, 4096, "bf16", "fp32"),  # router bf16 -> fp32 logits
     (4096, 4096, "bf16", "bf16"),
     (14336, 4096, "bf16", "bf16"),
+    (4096, 14336, "bf16", "bf16"),
     (2688, 4096, "bf16", "bf16"),
-    (4608, 2688, "bf16", "bf16"),
-    (257, 1000, "bf16", "bf16"),
+    (256, 7168, "bf16", "fp32"),  # router, fp32 logits from bf16
+    (256, 4096, "bf16", "fp32"),
+    (256, 4096, "fp32", "fp32"),  # router, IEEE fp32
+    (256, 7168, "fp32", "fp32"),
 )
+#: The IEEE fp32 FFMA rate (TFLOP/s; docs/BENCHMARKS.md): fp32 flops are counted at it.
+FP32_FFMA_FLOPS_PER_S = 60e12
+
+
+def bench_bytes(batch: Batch) -> int:
+    """The fewest bytes a call moves: x, the weight and the bias read once, the output written."""
+    x, s = batch.rows["x"], batch.shared
+    out_size = torch.finfo(s["out_dtype"] or x.dtype).bits // 8
+    m, n = x.shape[0], s["weight"].numel() // x.shape[1]
+    bias = s["bias"].numel() * s["bias"].element_size() if s["bias"] is not None else 0
+    return (
+        x.numel() * x.element_size()
+        + s["weight"].numel() * s["weight"].element_size()
+        + bias
+        + m * n * out_size
+    )
+
+
+def bench_flops(batch: Batch) -> int:
+    """``2 M N K``, in bf16 tensor-core flops: IEEE fp32 products run on FFMA units, so their
+    count is scaled by the tensor-core peak over the FFMA rate (the floor is then their time at
+    :data:`FP32_FFMA_FLOPS_PER_S`)."""
+    from batchinv.harness.bench import BF16_FLOPS_PER_S
+
+    x, w = batch.rows["x"], batch.shared["weight"]
+    flops = 2 * x.shape[0] * w.numel()
+    if x.dtype == torch.float32:
+        return int(flops * BF16_FLOPS_PER_S / FP32_FFMA_FLOPS_PER_S)
+    return flops
 
 
 def bench_cases(lane: Lane) -> list[Case]:
@@ -428,6 +458,13 @@ COMPONENT = Component(
             expected_to_vary_on=GPU_LANES,
         ),
         Baseline(
+            "torch_then_cast",
+            bl.torch_then_cast,
+            "issue 11's speed comparator: F.linear in the input dtype (cuBLAS, TF32 off), then a cast to "
+            "the output dtype (bf16 router logits rounded to bf16 first); varies with M as cuBLAS does",
+            expected_to_vary_on=GPU_LANES,
+        ),
+        Baseline(
             "split_k",
             bl.split_k,
             "Triton split-K with the split count chosen from M (4 slices at M<=16, 2 at M<=64): "
@@ -463,6 +500,7 @@ COMPONENT = Component(
             "association of each fp32 sum under the interpreter; identical bits on the H200, 2026-11-30: dots "
             "add their k-steps in order whatever the tile)",
             expected_to_vary_on=frozenset({Lane.CPU}),
+            timed=False,  # a config_equivalence control, not a production speed baseline
         ),
         Baseline(
             "other_chunk_k",
@@ -471,6 +509,7 @@ COMPONENT = Component(
             "chunk size (twice the table's chunk_k, or half of a single chunk): batch-invariant, another "
             "association of the chunk sums",
             expected_to_vary_on=ALL_LANES,
+            timed=False,  # a config_equivalence control, not a production speed baseline
         ),
         Baseline(
             "two_k_slices",
@@ -478,6 +517,7 @@ COMPONENT = Component(
             "config_equivalence's negative control on every lane: K always in two slices whose fp32 partials "
             "are added after (batch-invariant, another summation tree)",
             expected_to_vary_on=ALL_LANES,
+            timed=False,  # a config_equivalence control, not a production speed baseline
         ),
         # The :0:0 + cuBLASLt recipe is not swept: it crashes ("OOM trying to allocate workspace
         # for cublaslt") on every case without a bias, and a crashing baseline fails the sweep.
@@ -532,4 +572,6 @@ COMPONENT = Component(
     bench_cases=bench_cases,
     configs=configs,
     torch_op=ops.matmul_subject,
+    bench_bytes=bench_bytes,
+    bench_flops=bench_flops,
 )
