@@ -22,6 +22,7 @@ import sys
 import warnings
 
 import pytest
+from lane_env import needs_cpu_lane_child
 
 from batchinv.fast.adapters.env import EnvConflict, pinned_environ
 from batchinv.reference.errors import ArgumentError
@@ -104,6 +105,7 @@ def test_adapter_import_without_vllm_is_a_clear_error(monkeypatch):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+@needs_cpu_lane_child  # it starts `sweep --lane cpu`: refused where the interpreter's numpy is (H200 run 30)
 def test_cli_subject_without_vllm_is_a_usage_error():
     proc = subprocess.run(
         [sys.executable, "-m", "batchinv.harness.cli", "sweep", "matmul", "--lane", "cpu", "--subject",
