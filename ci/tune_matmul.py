@@ -43,47 +43,54 @@ MS = (1, 8, 32, 64, 128, 256, 512, 1024, 4096)
 SPLIT_MS = (1, 8, 32, 64, 128, 256)
 WALK_MS = (128, 256, 512, 1024, 4096)
 #: Candidates per dtype class: split executions (timed at SPLIT_MS, at every M for the router)
-#: and walks (timed at WALK_MS).
+#: and walks (timed at WALK_MS).  Round 3 (run 31): TMA reads, and the shipped rows.
 SPLITS = {
     "half": [
-        E(16, 128, num_warps=4, num_stages=3, split_k=True),
         E(16, 128, num_warps=4, num_stages=4, split_k=True),
-        E(16, 64, num_warps=2, num_stages=4, split_k=True),
-        E(16, 256, num_warps=4, num_stages=3, split_k=True),
+        E(16, 128, num_warps=4, num_stages=4, split_k=True, tma=True),
         E(32, 128, num_warps=4, num_stages=3, split_k=True),
+        E(32, 128, num_warps=4, num_stages=4, split_k=True, tma=True),
         E(64, 128, num_warps=4, num_stages=3, split_k=True),
+        E(64, 128, num_warps=4, num_stages=4, split_k=True, tma=True),
+        E(128, 128, num_warps=8, num_stages=3, split_k=True, tma=True),
         E(64, 64, num_warps=4, num_stages=3, split_k=True),
-        E(128, 64, num_warps=4, num_stages=3, split_k=True),
+        E(16, 64, num_warps=2, num_stages=4, split_k=True),
     ],
     "fp32": [
         E(16, 32, num_warps=2, num_stages=3, split_k=True),
-        E(16, 32, num_warps=4, num_stages=3, split_k=True),
-        E(16, 64, num_warps=4, num_stages=3, split_k=True),
-        E(32, 32, num_warps=4, num_stages=3, split_k=True),
         E(32, 64, num_warps=4, num_stages=3, split_k=True),
         E(64, 64, num_warps=4, num_stages=3, split_k=True),
     ],
 }
 WALKS = {
     "half": [
-        E(64, 64, num_warps=4, num_stages=4),
         E(64, 128, num_warps=4, num_stages=4),
+        E(64, 128, num_warps=4, num_stages=4, tma=True),
         E(128, 128, num_warps=8, num_stages=3),
+        E(128, 128, num_warps=8, num_stages=4, tma=True),
         E(128, 256, num_warps=8, num_stages=3),
+        E(128, 256, num_warps=8, num_stages=3, tma=True),
+        E(128, 256, num_warps=8, num_stages=4, tma=True),
+        E(128, 128, num_warps=4, num_stages=4, tma=True),
+        E(64, 256, num_warps=4, num_stages=4, tma=True),
     ],
-    "fp32": [E(64, 64, num_warps=4, num_stages=3), E(32, 64, num_warps=4, num_stages=3)],
+    "fp32": [E(64, 64, num_warps=4, num_stages=3)],
 }
 
 
 def trees(key: str, dtype: torch.dtype, n: int, k: int) -> list[ReductionTree]:
-    """The table's tree and its neighbours: chunks twice and four times as long (bf16), other
-    K steps and chunks (fp32, where BLOCK_K sets the iterations per chunk)."""
+    """The table's tree, or it and its neighbours (chunks twice and four times as long)."""
     tree = reduction_tree(key, dtype, n, k)
-    if dtype == F32:
-        out = [ReductionTree(bk, ck) for bk, ck in ((32, 256), (64, 256), (128, 256), (128, 128), (64, 512))]
-    else:
-        out = [tree, *(ReductionTree(tree.block_k, tree.chunk_k * f) for f in (2, 4))]
+    out = (
+        [tree]
+        if ONLY_TABLE_TREE
+        else [tree, *(ReductionTree(tree.block_k, tree.chunk_k * f) for f in (2, 4))]
+    )
     return [t for t in dict.fromkeys(out) if t.chunk_k < 2 * k]
+
+
+#: Round 3 times the table's trees only (rounds 1-2, runs 28-29, chose them).
+ONLY_TABLE_TREE = True
 
 
 def comparator(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:

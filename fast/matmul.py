@@ -13,6 +13,7 @@ keying it on the batch size would make the bits a function of the batch (see
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -179,8 +180,38 @@ def matmul(
     bias = kernel_operand(bias) if bias is not None else None
     b = weight_kn(weight, layout)  # [K, N]
     p = plan(args.m, args.n, args.k, x.dtype, x.device, num_sms, config)
-    _launch(x, b, bias, out, args.m, args.n, args.k, p, precision)
+    descriptors = _descriptors(x, weight, layout, p) if p.config.execution.tma else None
+    _launch(x, b, bias, out, args.m, args.n, args.k, p, precision, descriptors, layout == "linear")
     return out
+
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    """Whether TMA can read ``t`` (2-D): a 16-bit dtype, unit inner stride, base address and
+    row stride multiples of 16 bytes."""
+    size = t.element_size()
+    return (
+        size == 2
+        and t.stride(1) == 1
+        and (t.stride(0) * size) % 16 == 0
+        and t.data_ptr() % 16 == 0
+        and t.shape[0] > 0
+        and t.shape[1] > 0
+    )
+
+
+def _descriptors(x: torch.Tensor, weight: torch.Tensor, layout: str, p: LaunchPlan) -> tuple[Any, Any] | None:
+    """Tensor descriptors of ``x`` ``[M, K]`` and the weight as stored (``[N, K]`` for the
+    linear layout, ``[K, N]`` for mm), with the execution's blocks; None when either operand's
+    layout does not allow TMA (the kernel then reads through pointers: the same values)."""
+    if not (_tma_ready(x) and _tma_ready(weight)):
+        return None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    ex, block_k = p.config.execution, p.config.tree.block_k
+    a_desc = TensorDescriptor(x, list(x.shape), [x.stride(0), 1], [ex.block_m, block_k])
+    w_block = [ex.block_n, block_k] if layout == "linear" else [block_k, ex.block_n]
+    b_desc = TensorDescriptor(weight, list(weight.shape), [weight.stride(0), 1], w_block)
+    return a_desc, b_desc
 
 
 def _elements_overlap(t: torch.Tensor) -> bool:
@@ -261,6 +292,8 @@ def _launch(
     k: int,
     p: LaunchPlan,
     precision: str,
+    descriptors: tuple[Any, Any] | None,
+    b_is_nk: bool,
 ) -> None:
     from batchinv.fast.kernels.matmul import chunk_sum_kernel, chunked_matmul_kernel
 
@@ -268,9 +301,12 @@ def _launch(
     # The split execution's chunk sums: fp32 [chunks, M, N], every element written before read.
     ws = torch.empty((p.num_chunks, m, n), device=x.device, dtype=torch.float32) if ex.split_k else out
     with interpreter_quiet():
+        a_desc, b_desc = descriptors if descriptors is not None else (None, None)
         chunked_matmul_kernel[(p.grid,)](
             x,
             b,
+            a_desc,
+            b_desc,
             bias if bias is not None else out,  # never read when HAS_BIAS is False
             out,
             ws,
@@ -296,6 +332,8 @@ def _launch(
             HAS_BIAS=bias is not None,
             INPUT_PRECISION=precision,
             INTERPRETED=p.interpreted,
+            USE_TMA=descriptors is not None,
+            B_IS_NK=b_is_nk,
             num_warps=ex.num_warps,
             num_stages=ex.num_stages,
         )

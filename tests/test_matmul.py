@@ -465,3 +465,45 @@ def test_exact_cases_are_held_bitwise_and_random_ones_are_not():
     s = normal.shared
     ref = reference(normal.rows["x"], s["weight"], s["bias"], layout=s["layout"], out_dtype=s["out_dtype"])
     assert not component_module.exact(normal, (ref,))[0].any()
+
+
+# --- TMA reads --------------------------------------------------------------------------------
+
+
+@any_lane
+def test_tma_reads_give_the_pointer_reads_bits_and_fall_back_where_unaligned():
+    """A TMA execution reads the same values as pointers: equal bits where the operands allow
+    descriptors (16-bit, unit inner stride, 16-byte aligned), and the pointer path (equal bits
+    again) where they do not: a column slice starting at an odd element, an odd row stride."""
+    from batchinv.fast import matmul as launcher
+    from batchinv.fast.matmul_config import Execution, MatmulConfig, reduction_tree
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not interpreting() else "cpu")
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 161, generator=gen).to(BF16).to(device)
+    w = torch.randn(72, 161, generator=gen).to(BF16).to(device)
+    key = "interp" if interpreting() else matmul_config_arch(device)
+    cases = [
+        (x[:, :160].contiguous(), w[:, :160].contiguous()),  # aligned: descriptors
+        (x[:, 1:], w[:, 1:]),  # base 2 bytes past alignment, odd row stride: pointers
+        (x[:, :152].contiguous(), w[:, :152]),  # the weight's row stride 322 bytes: pointers
+    ]
+    seen = set()
+    for xs, ws in cases:
+        tree = reduction_tree(key, BF16, ws.shape[0], ws.shape[1])
+        pointer = MatmulConfig(tree, Execution(64, 64))
+        tma = MatmulConfig(tree, Execution(64, 64, tma=True))
+        p = plan(xs.shape[0], ws.shape[0], xs.shape[1], BF16, device, config=tma)
+        aligned = all(t.data_ptr() % 16 == 0 and (t.stride(0) * 2) % 16 == 0 for t in (xs, ws))
+        assert (launcher._descriptors(xs, ws, "linear", p) is not None) == aligned
+        seen.add(aligned)
+        got = matmul(xs, ws, config=tma)
+        want = matmul(xs, ws, config=pointer)
+        assert torch.equal(bits(got), bits(want))
+    assert seen == {True, False}
+
+
+def matmul_config_arch(device: torch.device) -> str:
+    from batchinv.fast.device import arch
+
+    return arch(device)

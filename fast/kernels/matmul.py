@@ -58,23 +58,41 @@ def _k_step(
     acc,
     a_ptrs,
     b_ptrs,
+    a_desc,
+    b_desc,
+    start_m,
+    start_n,
     kt,
     K,
     offs_k,
     BLOCK_K: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    B_IS_NK: tl.constexpr,
 ):
-    """``acc`` plus the products of K tile ``kt`` (``a_ptrs`` / ``b_ptrs`` address it).
+    """``acc`` plus the products of K tile ``kt`` of the tile at (``start_m``, ``start_n``).
+
+    The operands come through ``a_ptrs`` / ``b_ptrs`` (addressing K tile ``kt``; masked past K)
+    or, with ``USE_TMA``, through tensor descriptors (TMA on Hopper; zero-filled past every
+    edge): the same values either way, so the same bits.  ``B_IS_NK``: ``b_desc`` describes the
+    weight as ``[N, K]`` (``F.linear``), else as ``[K, N]``.
 
     ``INTERPRETED`` (the cpu lane only): numpy's matmul (the interpreter's ``tl.dot``) sums rows
     at different positions of a block in different orders (BLAS micro-kernels) and multiplies
     raw bf16 bits (triton-lang/triton#11584), so the tile's fp32 products are reduced along k
     instead, one fixed order for every element.  Compiled, ``tl.dot`` forms every element of the
     tile with the same MMA / FMA sequence whatever its row."""
-    k_left = K - kt * BLOCK_K
-    a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-    b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+    if USE_TMA:
+        a = a_desc.load([start_m, kt * BLOCK_K])
+        if B_IS_NK:
+            b = b_desc.load([start_n, kt * BLOCK_K]).T
+        else:
+            b = b_desc.load([kt * BLOCK_K, start_n])
+    else:
+        k_left = K - kt * BLOCK_K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
     if INTERPRETED:
         prod = exact_fp32(a)[:, :, None] * exact_fp32(b)[None, :, :]
         return acc + tl.sum(prod, axis=1)
@@ -86,6 +104,10 @@ def _k_step(
 def _chunk_sum(
     a_ptrs,
     b_ptrs,
+    a_desc,
+    b_desc,
+    start_m,
+    start_n,
     a_step,
     b_step,
     kt_start,
@@ -97,6 +119,8 @@ def _chunk_sum(
     BLOCK_K: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    B_IS_NK: tl.constexpr,
 ):
     """The fp32 sum of K tiles ``[kt_start, kt_end)`` of one output tile, from zero, in
     increasing k.  ``a_ptrs`` / ``b_ptrs`` address K tile 0."""
@@ -104,7 +128,10 @@ def _chunk_sum(
     b_ptrs += kt_start * b_step
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in range(kt_start, kt_end):
-        acc = _k_step(acc, a_ptrs, b_ptrs, kt, K, offs_k, BLOCK_K, INPUT_PRECISION, INTERPRETED)
+        acc = _k_step(
+            acc, a_ptrs, b_ptrs, a_desc, b_desc, start_m, start_n, kt, K, offs_k,
+            BLOCK_K, INPUT_PRECISION, INTERPRETED, USE_TMA, B_IS_NK,
+        )  # fmt: skip
         a_ptrs += a_step
         b_ptrs += b_step
     return acc
@@ -141,7 +168,7 @@ def _store_total(
 
 @triton.jit
 def _tile_coords(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """``(offs_m, offs_n)`` of tile ``tile_id`` in grouped order (GROUP_M row tiles share the
+    """``(start_m, start_n)``, the first row and column of tile ``tile_id`` in grouped order (GROUP_M row tiles share the
     weight in L2; only the visiting order depends on it)."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -150,7 +177,7 @@ def _tile_coords(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GR
     group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
     pid_m = first_pid_m + (tile_id % tiles_per_group) % group_size_m
     pid_n = (tile_id % tiles_per_group) // group_size_m
-    return pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return pid_m * BLOCK_M, pid_n * BLOCK_N
 
 
 # M is not specialized: a batch size divisible by 16 must not select a different compiled kernel.
@@ -158,6 +185,8 @@ def _tile_coords(tile_id, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GR
 def chunked_matmul_kernel(
     a_ptr,
     b_ptr,
+    a_desc,
+    b_desc,
     bias_ptr,
     c_ptr,
     ws_ptr,
@@ -183,8 +212,14 @@ def chunked_matmul_kernel(
     HAS_BIAS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    B_IS_NK: tl.constexpr,
 ):
     """``c[M, N] = a[M, K] @ b[K, N] (+ bias[N])`` as the module's reduction tree.
+
+    ``USE_TMA``: the operands are read through ``a_desc`` (``a`` as ``[M, K]``) and ``b_desc``
+    (the weight as ``[N, K]`` when ``B_IS_NK``, else ``[K, N]``), tensor descriptors the launcher
+    builds when the operands' layout allows TMA; else through the pointers and strides.
 
     Work items: tiles (``SPLIT_K`` False: a program walks all ``num_chunks`` chunks of a tile and
     stores ``round(total + bias)`` to ``c``) or (tile, chunk) pairs (``SPLIT_K`` True: the chunk's
@@ -208,7 +243,9 @@ def chunked_matmul_kernel(
 
     for item in range(pid, items, num_programs):
         tile_id = item // num_chunks if SPLIT_K else item
-        offs_m, offs_n = _tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        start_m, start_n = _tile_coords(tile_id, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
         rows = tl.where(offs_m < M, offs_m, 0).to(tl.int64)
         cols = tl.where(offs_n < N, offs_n, 0).to(tl.int64)
         a_ptrs = a_ptr + (rows[:, None] * stride_am + offs_k[None, :].to(tl.int64) * stride_ak)
@@ -220,6 +257,10 @@ def chunked_matmul_kernel(
             acc = _chunk_sum(
                 a_ptrs,
                 b_ptrs,
+                a_desc,
+                b_desc,
+                start_m,
+                start_n,
                 a_step,
                 b_step,
                 kt_start,
@@ -231,6 +272,8 @@ def chunked_matmul_kernel(
                 BLOCK_K,
                 INPUT_PRECISION,
                 INTERPRETED,
+                USE_TMA,
+                B_IS_NK,
             )
             ws_ptrs = ws_ptr + (
                 chunk * (tl.full((), 1, tl.int64) * stride_ws_s)
@@ -244,7 +287,10 @@ def chunked_matmul_kernel(
             total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for kt in range(0, k_tiles):
-                acc = _k_step(acc, a_ptrs, b_ptrs, kt, K, offs_k, BLOCK_K, INPUT_PRECISION, INTERPRETED)
+                acc = _k_step(
+                    acc, a_ptrs, b_ptrs, a_desc, b_desc, start_m, start_n, kt, K, offs_k,
+                    BLOCK_K, INPUT_PRECISION, INTERPRETED, USE_TMA, B_IS_NK,
+                )  # fmt: skip
                 a_ptrs += a_step
                 b_ptrs += b_step
                 if ((kt + 1) % chunk_tiles == 0) | (kt + 1 == k_tiles):

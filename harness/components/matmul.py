@@ -301,8 +301,9 @@ def bound(batch: Batch, reference: Outputs) -> Outputs:
 def configs(batch: Batch, lane: Lane) -> dict[str, Any]:
     """Every execution the launcher may choose for ``batch``'s (arch, dtype, N), at any M, besides
     the one it ran: each row of the execution table (split-K across the grid or one program
-    walking the chunks, each tile, warps and stages), plus on GPU lanes each of them with the
-    other warps count and one stage fewer, and under the interpreter two odd tiles.  Always the
+    walking the chunks, each tile, warps and stages, TMA or pointer reads), plus on GPU lanes each
+    of them with the other warps count and one stage fewer, and under the interpreter two odd
+    tiles and two TMA executions.  Always the
     table's reduction tree.  Named after :attr:`MatmulConfig.name`."""
     x, weight = batch.rows["x"], batch.shared["weight"]
     layout = batch.shared.get("layout", "linear")
@@ -318,7 +319,12 @@ def configs(batch: Batch, lane: Lane) -> dict[str, Any]:
                 replace(ex, num_warps=8 if ex.num_warps == 4 else 4, num_stages=max(2, ex.num_stages - 1))
             )
     if not lane.is_gpu:
-        variants += [Execution(32, 128, group_m=1, split_k=True), Execution(128, 32, num_warps=8)]
+        variants += [
+            Execution(32, 128, group_m=1, split_k=True),
+            Execution(128, 32, num_warps=8),
+            Execution(64, 64, tma=True),  # TMA reads where the operands allow (else pointers)
+            Execution(16, 128, split_k=True, tma=True),
+        ]
     out = {}
     for ex in dict.fromkeys(variants):
         cfg = MatmulConfig(ran.tree, ex)

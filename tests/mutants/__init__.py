@@ -101,6 +101,13 @@ MUTANTS: tuple[Mutant, ...] = (
         every_case=lambda case: True,
     ),
     Mutant(
+        "matmul_tma_weight_tile_one_step_late",
+        "matmul",
+        kernels.matmul_tma_weight_tile_one_step_late,
+        "the TMA read of the weight takes K tile kt + 1 (zero past the end): products of the wrong k",
+        ("agreement",),
+    ),
+    Mutant(
         "matmul_walk_chunk_boundary_off_by_one",
         "matmul",
         kernels.matmul_walk_chunk_boundary_off_by_one,

@@ -104,6 +104,14 @@ def matmul_dropped_last_product() -> Callable[..., Any]:
     return _matmul_kernel_subject("k_left = K - kt * BLOCK_K", "k_left = K - 1 - kt * BLOCK_K", "_k_step")
 
 
+def matmul_tma_weight_tile_one_step_late() -> Callable[..., Any]:
+    return _matmul_kernel_subject(
+        "b = b_desc.load([start_n, kt * BLOCK_K]).T",
+        "b = b_desc.load([start_n, (kt + 1) * BLOCK_K]).T",
+        "_k_step",
+    )
+
+
 def matmul_walk_chunk_boundary_off_by_one() -> Callable[..., Any]:
     return _matmul_kernel_subject(
         "if ((kt + 1) % chunk_tiles == 0) | (kt + 1 == k_tiles):",
