@@ -96,9 +96,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "matmul_dropped_last_product",
         "matmul",
         kernels.matmul_dropped_last_product,
-        "the K mask is off by one: the product at k = K - 1 is never added",
+        "the K mask of the pointer reads is off by one: the product at k = K - 1 is never added",
         ("agreement",),
-        every_case=lambda case: True,
+        # every case read through pointers: fp32 (TMA serves 16-bit inputs; the cpu lane's
+        # 16-bit walks read through descriptors, whose zero fill has no mask to get wrong)
+        every_case=lambda case: case.axes["dtype"] == "fp32",
     ),
     Mutant(
         "matmul_tma_weight_tile_one_step_late",
