@@ -11,6 +11,8 @@ Operators (``torch.ops.batchinv``):
 * ``bmm(a, b)`` -- ``[B, M, K] @ [B, K, N]``: the pinned matmul of each batch entry
 * ``grouped_mm(a, b, offs)`` -- rows of ``a`` grouped by ``offs``, group ``g`` times ``b[g]``
 * ``rms_norm(x, weight, eps, dim)`` -- :func:`batchinv.fast.rms_norm.rms_norm`
+* ``fused_add_rms_norm(x, residual, weight, eps, dim)`` -- ``(out, residual_out)``:
+  :func:`batchinv.fast.rms_norm.fused_add_rms_norm`
 * ``softmax(x, dim, half_to_float)`` / ``log_softmax(...)`` -- :mod:`batchinv.fast.softmax`
 * ``mean(x, dim, keepdim, dtype)`` -- :func:`batchinv.fast.mean.mean`
 
@@ -165,6 +167,28 @@ def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+@torch.library.custom_op("batchinv::fused_add_rms_norm", mutates_args=())
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`batchinv.fast.rms_norm.fused_add_rms_norm` as an operator: ``(out, residual_out)``."""
+    from batchinv.fast.rms_norm import fused_add_rms_norm as pinned
+
+    with _unrouted():
+        out, residual_out = pinned(x, residual, weight, eps, dim)
+    RUNTIME_CALLS["fused_add_rms_norm"] += 1
+    return out, residual_out
+
+
+@fused_add_rms_norm.register_fake
+def _fused_add_rms_norm_fake(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(
+        x, memory_format=torch.contiguous_format
+    )
+
+
 def _softmax_fake(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> torch.Tensor:
     dtype = torch.float32 if half_to_float and x.dtype in (torch.float16, torch.bfloat16) else x.dtype
     return torch.empty_like(x, dtype=dtype, memory_format=torch.contiguous_format)
@@ -236,6 +260,14 @@ def matmul_subject(
 def rms_norm_subject(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1) -> torch.Tensor:
     """``torch.ops.batchinv.rms_norm`` with :func:`batchinv.fast.rms_norm.rms_norm`'s signature."""
     return torch.ops.batchinv.rms_norm(x, weight, eps, dim)
+
+
+def fused_add_rms_norm_subject(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.batchinv.fused_add_rms_norm`` with the fast function's signature."""
+    out, residual_out = torch.ops.batchinv.fused_add_rms_norm(x, residual, weight, eps, dim)
+    return out, residual_out
 
 
 def softmax_subject(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> torch.Tensor:

@@ -82,3 +82,11 @@ def fused_add_rms_norm_torch(
     check_rms_norm_args(x, weight, eps, dim, residual, with_residual=True)
     h = x + residual
     return torch.nn.functional.rms_norm(h, (h.shape[-1],), weight, float(eps)), h
+
+
+def fused_add_rms_norm_torch_unchecked(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fused_add_rms_norm_torch` without the argument checks (the ``modes`` check's)."""
+    h = x + residual
+    return torch.nn.functional.rms_norm(h, (h.shape[-1],), weight, float(eps)), h

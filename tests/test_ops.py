@@ -39,6 +39,7 @@ def _calls(t: dict[str, torch.Tensor]) -> list[tuple[object, tuple[object, ...]]
         (bo.matmul, (t["x"], t["w"], t["b"], "linear", None)),
         (bo.matmul, (t["x"], t["w"].T.contiguous(), None, "mm", torch.float32)),
         (bo.rms_norm, (t["w"], t["g"].new_ones(64), 1e-6, -1)),
+        (bo.fused_add_rms_norm, (t["x"], t["x"].flip(0), t["g"].new_ones(64), 1e-6, -1)),
         (bo.softmax, (t["x"], -1, False)),
         (bo.softmax, (t["x"], -1, True)),
         (bo.log_softmax, (t["x"], 1, False)),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from batchinv.fast import ops
 from batchinv.fast import rms_norm as fast
 from batchinv.fast import rms_norm_baselines as baselines
 from batchinv.harness.components.rms_norm import (
@@ -48,9 +49,11 @@ COMPONENT = Component(
             why=(
                 "torch.add + torch.nn.functional.rms_norm, the unfused production path; the add "
                 "writes a fresh, aligned tensor, so the norm always takes its vectorized kernel: "
-                "no variance was seen on the H200 (2026-11-29), so it is reported, not required"
+                "no variance was seen on the H200 (2026-11-29), so it is reported, not required; "
+                "also run by modes (torch.compile fuses the add into Inductor's own reduction)"
             ),
             expected_to_vary_on=frozenset(),
+            modes=baselines.fused_add_rms_norm_torch_unchecked,
         ),
     ),
     cases=make_cases("fused_add_rms_norm", fused=True),
@@ -68,4 +71,5 @@ COMPONENT = Component(
     partition_arg=None,
     strategy=make_strategy("fused_add_rms_norm", fused=True),
     bench_cases=make_bench_cases("fused_add_rms_norm"),
+    torch_op=ops.fused_add_rms_norm_subject,
 )
