@@ -127,10 +127,18 @@ def _table() -> dict[tuple[str, int, int], TopkConfig]:
 CONFIGS: Final = MappingProxyType(_table())
 
 #: Every execution :data:`ROW_CONFIGS` may name, each bit-identical to every other (the
-#: registry's ``config_equivalence`` runs them all).  Register counts from ptxas (sm_90,
-#: num_cols 8192, 8 warps unless named): compare 187 (one program per SM), compare_r128 128
-#: (two, no spill), compare_w16_r64 64 (two, 60 B spilled), sign 193, sign_r128 128 (two, 8 B
-#: spilled), sign_r80 80 (three, 328 B spilled), sign_w16_r64 64 (two, 76 B spilled).
+#: registry's ``config_equivalence`` runs them all).  From ptxas (sm_90, num_cols 8192, 8 warps
+#: unless named w16): registers per thread, programs an SM holds (65536 registers), bytes
+#: spilled, instructions per row per thread:
+#:
+#:   compare          187  1       8000  (the small launches' config)
+#:   compare_r128     128  2
+#:   compare_w16_r64   64  2   60 B
+#:   sign             191  1       5336  (search steps of 92 instructions, not 153)
+#:   sign_r128        128  2
+#:   sign_r80          80  3  304 B
+#:   sign_r64          64  4  528 B
+#:   sign_w16_r64      64  2   80 B
 EXECUTIONS: Final = MappingProxyType(
     {
         "compare": Execution("compare"),
@@ -139,6 +147,7 @@ EXECUTIONS: Final = MappingProxyType(
         "sign": Execution("sign"),
         "sign_r128": Execution("sign", num_warps=8, maxnreg=128),
         "sign_r80": Execution("sign", num_warps=8, maxnreg=80),
+        "sign_r64": Execution("sign", num_warps=8, maxnreg=64),
         "sign_w16_r64": Execution("sign", num_warps=16, maxnreg=64),
     }
 )
