@@ -153,7 +153,7 @@ EXECUTIONS: Final = MappingProxyType(
 )
 
 #: THE TUNED LINE: the execution of each row bucket (in :data:`ROW_BUCKETS` order) on sm90 at
-#: num_cols bucket 8192.  ``ci/tune_topk.py`` times every execution on the H200 and prints the
+#: num_cols bucket 8192.  ``ci/tune_topk_rows.py`` times every execution on the H200 and prints the
 #: replacement line; until a run has measured and verified one, every bucket keeps the small
 #: launches' config ("compare").
 SM90_8192_BY_ROW_BUCKET: Final[tuple[str, ...]] = ("compare", "compare", "compare", "compare")
