@@ -509,5 +509,8 @@ COMPONENT = Component(
     fast_path=fast_path,
     oracle=oracle,
     configs=configs,
+    # modes has no negative control here: the one torch baseline (masked_torch_topk) compiles to
+    # the same bits -- Inductor calls aten's topk (no lowering of its own unless
+    # config.triton.decompose_sort_ops) and its final sort orders distinct ints.
     torch_op=ops.topk_subject,
 )
