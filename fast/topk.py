@@ -129,16 +129,17 @@ CONFIGS: Final = MappingProxyType(_table())
 #: Every execution :data:`ROW_CONFIGS` may name, each bit-identical to every other (the
 #: registry's ``config_equivalence`` runs them all).  From ptxas (sm_90, num_cols 8192, 8 warps
 #: unless named w16): registers per thread, programs an SM holds (65536 registers), bytes
-#: spilled, instructions per row per thread:
+#: spilled; instructions per row per thread (SASS):
 #:
-#:   compare          187  1       8000  (the small launches' config)
+#:   compare          187  1         8000  (the small launches' config)
 #:   compare_r128     128  2
 #:   compare_w16_r64   64  2   60 B
-#:   sign             191  1       5336  (search steps of 92 instructions, not 153)
+#:   sign             181  1         ~4500 on distinct scores (~20 search steps of ~100),
+#:                                   ~5600 with a tie plateau at the cutoff (31 steps)
 #:   sign_r128        128  2
-#:   sign_r80          80  3  304 B
-#:   sign_r64          64  4  528 B
-#:   sign_w16_r64      64  2   80 B
+#:   sign_r80          80  3  264 B
+#:   sign_r64          64  4  496 B
+#:   sign_w16_r64      64  2   60 B
 EXECUTIONS: Final = MappingProxyType(
     {
         "compare": Execution("compare"),

@@ -11,7 +11,8 @@ Two executions of that selection, bit-identical by construction (the selection i
 proven so by the registry check ``config_equivalence``:
 
 * :func:`topk_kernel` (``"compare"``): candidates by mask, counts by compare, ``K`` constexpr.
-* :func:`topk_sign_count_kernel` (``"sign"``): fewer instructions per lane, for many rows.
+* :func:`topk_sign_count_kernel` (``"sign"``): fewer instructions per lane and, on rows of
+  distinct scores, fewer search steps; for many rows.
 """
 
 import triton
@@ -145,17 +146,27 @@ def topk_masked_lanes_compete_kernel(
 
 @triton.jit
 def _kth_key_by_sign(key, num_wanted, half_shift, BLOCK_N: tl.constexpr):
-    """:func:`_kth_key`'s threshold for ``key`` ``[BLOCK_N]`` whose non-candidate lanes hold
-    ``KEY_MIN``: the largest int32 ``t`` with ``count(key >= t) >= num_wanted``.
+    """A threshold ``t`` whose selection equals :func:`_kth_key`'s, for ``key`` ``[BLOCK_N]``
+    whose non-candidate lanes hold ``KEY_MIN``: the candidates with key > t, then the first
+    ``num_wanted - count(key > t)`` of those with key == t, are the ``num_wanted`` best.
 
-    Every trial lies above ``KEY_MIN``, so a lane keyed ``KEY_MIN`` is never counted and no
-    candidate mask is needed (an in-window ``KEY_MIN``, 0xffffffff, is never counted either,
-    rightly).  In the offset order ``u = key + 2**31`` the trials of bits 31..1 are even, so
-    ``u >= trial_u`` iff ``u >> 1 >= trial_u >> 1``: two values below 2**31, so the top bit of
-    their uint32 difference is set exactly when the lane lies below the trial -- one
-    subtraction and one shift-add per lane.  A step is 92 instructions per thread at 8 warps
-    and 8192 columns, against 153 for :func:`_kth_key`'s candidate mask, compare and select
-    (ptxas, sm_90).  Bit 0 compares.
+    The search is :func:`_kth_key`'s, bit by bit from the most significant, with three
+    changes, none of which can change the selection:
+
+    * Every trial lies above ``KEY_MIN``, so a lane keyed ``KEY_MIN`` is never counted and no
+      candidate mask is needed (an in-window ``KEY_MIN``, 0xffffffff, is never counted either,
+      rightly).
+    * In the offset order ``u = key + 2**31`` the trials of key bits 31..1 are even, so
+      ``u >= trial_u`` iff ``u >> 1 >= trial_u >> 1``: two values below 2**31, so the top bit
+      of their uint32 difference is set exactly when the lane lies below the trial -- one
+      subtraction and one shift-add per lane (a step is ~99 instructions per thread at 8
+      warps and 8192 columns, against 153 for :func:`_kth_key`'s mask, compare and select;
+      ptxas, sm_90).  Key bit 0 compares.
+    * A trial with exactly ``num_wanted`` lanes at or above it ends the search: those lanes are
+      the selection, and ``t = trial`` selects them all (the tie budget at ``t`` is the number
+      of lanes equal to it).  On rows of distinct scores this comes ~12 steps early at 8192
+      columns (the gap between the k-th and (k+1)-th best keys spans ~2**12 keys); a row whose
+      cutoff lies on a tie plateau searches every bit, to :func:`_kth_key`'s threshold.
 
     ``half_shift`` is 1, passed at run time: with a constant shift LLVM bounds the halves,
     proves the difference cannot overflow and turns it back into the compare and select.
@@ -163,13 +174,17 @@ def _kth_key_by_sign(key, num_wanted, half_shift, BLOCK_N: tl.constexpr):
     half = (key ^ KEY_MIN).to(tl.uint32, bitcast=True) >> half_shift.to(tl.uint32)  # [BLOCK_N] < 2**31
     max_below = BLOCK_N - num_wanted  # a trial is kept while at most this many lanes lie below it
     thresh_half = tl.full((), 0, tl.uint32)  # (thresh - KEY_MIN) >> 1, thresh starting at KEY_MIN
-    for bit in tl.static_range(30, -1, -1):  # the trial of key bit b + 1 is thresh + 2**(b + 1)
-        trial_half = thresh_half + (1 << bit)  # in [1, 2**31)
+    bit = tl.full((), 30, tl.int32)  # the trial of key bit b + 1 is thresh + 2**(b + 1)
+    below = tl.full((), -1, tl.int32)
+    while (bit >= 0) & (below != max_below):
+        trial_half = thresh_half + (tl.full((), 1, tl.uint32) << bit.to(tl.uint32))  # in [1, 2**31)
         below = tl.sum(((half - trial_half) >> 31).to(tl.int32), axis=0)  # wraps iff half < trial_half
         thresh_half = tl.where(below <= max_below, trial_half, thresh_half)
-    trial = (thresh_half.to(tl.int64) << 1) + KEY_MIN + 1  # key bit 0: a compare
-    count = tl.sum((key >= trial.to(tl.int32)).to(tl.int32), axis=0)
-    thresh = (thresh_half.to(tl.int64) << 1) + KEY_MIN + (count >= num_wanted).to(tl.int64)
+        bit -= 1
+    thresh = (thresh_half.to(tl.int64) << 1) + KEY_MIN
+    if below != max_below:  # key bit 0, by a compare
+        count = tl.sum((key >= (thresh + 1).to(tl.int32)).to(tl.int32), axis=0)
+        thresh += (count >= num_wanted).to(tl.int64)
     return thresh.to(tl.int32)
 
 
@@ -195,7 +210,7 @@ def topk_sign_count_kernel(
 ):
     """:func:`topk_kernel`'s selection with fewer instructions per lane (the bits are the same).
 
-    Out-of-window lanes are keyed ``KEY_MIN`` and the k-th key is found by
+    Out-of-window lanes are keyed ``KEY_MIN`` and the threshold is found by
     :func:`_kth_key_by_sign`; one scan of the above-count (bits 0..15) and tie-count
     (bits 16..) packed in an int32 gives both the tie budget's cut and each emitted lane's
     slot: ``slot = above_through + min(ties_through, budget) - 1`` (counts inclusive of the
