@@ -103,10 +103,12 @@ def check_all(scores, row_starts, row_ends, k, expected=None):
     assert_bitwise(expected, reference_topk(scores, row_starts, row_ends, k), "reference vs expected")
     assert_bitwise(expected, fast_topk(scores, row_starts, row_ends, k), "fast vs expected")
     if in_envelope(k, scores.shape[1]):
+        ran = select_config(arch(scores.device), k, scores.shape[1], scores.shape[0])
         base = select_config(arch(scores.device), k, scores.shape[1])
         for kernel in KERNELS:
             config = TopkConfig(base.block_n, base.num_warps, kernel)
-            assert_bitwise(expected, fast_topk(scores, row_starts, row_ends, k, config=config), kernel)
+            if config != ran:
+                assert_bitwise(expected, fast_topk(scores, row_starts, row_ends, k, config=config), kernel)
     return expected
 
 
