@@ -10,10 +10,11 @@ rows the throughput depends on how many programs an SM holds (registers per thre
 the execution may change with the row count.  That key is allowed here -- where the design
 otherwise forbids keying a config on the batch -- only because every execution the table can
 name (:data:`EXECUTIONS`) makes exactly the same selection: integer keys, exact counts, ties by
-column, no arithmetic whose result depends on an order.  The registry check
-``config_equivalence`` (``batchinv.harness.components.topk.configs``) runs every one of them on
-every case of every lane and requires the shipped launch's bits; a table naming any other
-execution fails ``tests/test_topk.py``.
+column, no arithmetic whose result depends on an order -- and because the registry check
+``config_equivalence`` proves it: ``batchinv.harness.components.topk.configs`` hands it each
+kernel on every case of every lane, and every warps and register-cap variant on the GPU lanes'
+cases of the tuned bucket, and it requires the shipped launch's bits from each.  A table naming
+anything else fails at import (the :data:`EXECUTIONS` lookup) and in ``tests/test_topk.py``.
 """
 
 from __future__ import annotations
