@@ -5,8 +5,8 @@ kernel.
 
     python ci/tune_topk.py            # prints a table; exit 1 if any variant's bits differ
 
-Configs are keyed on (arch, k, num_cols bucket) only; this script is how the table's entries
-were chosen (docs/BENCHMARKS.md records the run).
+This script is how the small launches' table (``CONFIGS``: arch, k, num_cols bucket) was chosen
+(docs/BENCHMARKS.md records the run); ``ci/tune_topk_rows.py`` tunes the many-row buckets.
 """
 
 from __future__ import annotations
@@ -108,23 +108,19 @@ RADIX4_WARPS = (8, 16)
 
 def main() -> int:
     component = get("topk")
-    shipped = fast_topk.select_config
     bad = 0
     rows = []
     for case in [c for c in component.bench_cases(Lane.SM90) if c.axes["num_rows"] in (1, 1024)]:
         batch = component.build(case, torch.device("cuda"))
         kw = batch.kwargs()
         expected = fast_topk.topk(**kw)
+        base = fast_topk.select_config("sm90", kw["k"], kw["scores"].shape[1])
         for warps in WARPS:
-            base = shipped("sm90", kw["k"], kw["scores"].shape[1])
-            fast_topk.select_config = lambda a, k, n, w=warps, b=base: fast_topk.TopkConfig(b.block_n, w)
-            try:
-                got = fast_topk.topk(**kw)
-                same = torch.equal(got, expected)
-                bad += not same
-                us, _ = time_call(lambda kw=kw: fast_topk.topk(**kw), 30)
-            finally:
-                fast_topk.select_config = shipped
+            config = fast_topk.TopkConfig(base.block_n, warps)
+            got = fast_topk.topk(**kw, config=config)
+            same = torch.equal(got, expected)
+            bad += not same
+            us, _ = time_call(lambda kw=kw, c=config: fast_topk.topk(**kw, config=c), 30)
             rows.append((case.axes["num_rows"], case.axes["k"], warps, us, same, base.num_warps == warps))
         for warps in RADIX4_WARPS:
             got = radix4_topk(**kw, num_warps=warps)

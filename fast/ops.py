@@ -15,6 +15,7 @@ Operators (``torch.ops.batchinv``):
   :func:`batchinv.fast.rms_norm.fused_add_rms_norm`
 * ``softmax(x, dim, half_to_float)`` / ``log_softmax(...)`` -- :mod:`batchinv.fast.softmax`
 * ``mean(x, dim, keepdim, dtype)`` -- :func:`batchinv.fast.mean.mean`
+* ``topk(scores, row_starts, row_ends, k)`` -- :func:`batchinv.fast.topk.topk` (the indexer top-k)
 
 The arguments and their errors are the functions' (a dim other than the last raises their
 ArgumentError).  :data:`SUBJECTS` gives each operator with its component's fast signature (the
@@ -241,6 +242,27 @@ def _mean_fake(
     return x.new_empty(shape, dtype=dtype or x.dtype)
 
 
+@torch.library.custom_op("batchinv::topk", mutates_args=())
+def topk(scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`batchinv.fast.topk.topk` (int32 ``[R, k]``: each row's ``k`` best in-window columns,
+    ascending, row-local, -1 padded) as an operator.  The launcher picks its config from the
+    runtime row count at every call, inside the operator, so a compiled graph never freezes
+    the row count it was traced with."""
+    from batchinv.fast.topk import topk as pinned
+
+    with _unrouted():
+        out = pinned(scores, row_starts, row_ends, k)
+    RUNTIME_CALLS["topk"] += 1
+    return out
+
+
+@topk.register_fake
+def _topk_fake(
+    scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor, k: int
+) -> torch.Tensor:
+    return scores.new_empty((scores.shape[0], k), dtype=torch.int32)
+
+
 # --- the operators with their components' fast signatures (the ``modes`` check's subjects) ----
 
 
@@ -285,3 +307,10 @@ def mean_subject(
 ) -> torch.Tensor:
     """``torch.ops.batchinv.mean`` with :func:`batchinv.fast.mean.mean`'s signature."""
     return torch.ops.batchinv.mean(x, dim, keepdim, dtype)
+
+
+def topk_subject(
+    scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor, k: int
+) -> torch.Tensor:
+    """``torch.ops.batchinv.topk`` with :func:`batchinv.fast.topk.topk`'s signature."""
+    return torch.ops.batchinv.topk(scores, row_starts, row_ends, k)

@@ -1,8 +1,20 @@
 """Launcher of the batch-invariant indexer top-k (kernels: ``batchinv.fast.kernels.topk``).
 
-Validates, allocates, picks a config from :data:`CONFIGS` (keyed only on arch, k and the
-num_cols bucket: never on the number of rows), sizes the grid (one program per row) and
-launches.  Outside the kernel's envelope it dispatches to the reference on the same device.
+Validates, allocates, picks a config, sizes the grid (one program per row) and launches.
+Outside the kernel's envelope it dispatches to the reference on the same device.
+
+Configs.  A launch of at most :data:`SMALL_ROWS` rows takes :data:`CONFIGS`, keyed only on
+(arch, k, num_cols bucket): that path's program never changes with the batch.  A launch of
+more rows takes :data:`ROW_CONFIGS`, keyed on (arch, k, num_cols bucket, row bucket): with many
+rows the throughput depends on how many programs an SM holds (registers per thread, warps), so
+the execution may change with the row count.  That key is allowed here -- where the design
+otherwise forbids keying a config on the batch -- only because every execution the table can
+name (:data:`EXECUTIONS`) makes exactly the same selection: integer keys, exact counts, ties by
+column, no arithmetic whose result depends on an order -- and because the registry check
+``config_equivalence`` proves it: ``batchinv.harness.components.topk.configs`` hands it each
+kernel on every case of every lane, and every warps and register-cap variant on the GPU lanes'
+cases of the tuned bucket, and it requires the shipped launch's bits from each.  A table naming
+anything else fails at import (the :data:`EXECUTIONS` lookup) and in ``tests/test_topk.py``.
 """
 
 from __future__ import annotations
@@ -14,19 +26,29 @@ from typing import Any, Final
 
 import torch
 
-from batchinv.fast.device import arch, check_launch_device, kernel_operand
-from batchinv.fast.kernels.topk import topk_kernel
+from batchinv.fast.device import arch, check_launch_device, interpreter_quiet, kernel_operand
+from batchinv.fast.kernels.topk import topk_kernel, topk_sign_count_kernel
+from batchinv.reference.errors import ArgumentError
 from batchinv.reference.topk import check_topk_arguments
 from batchinv.reference.topk import topk as reference_topk
 
 __all__ = [
     "CONFIGS",
     "ENVELOPE_K",
+    "EXECUTIONS",
+    "KERNELS",
     "MAX_NUM_COLS",
     "NUM_COLS_BUCKETS",
+    "ROW_BUCKETS",
+    "ROW_CONFIGS",
+    "SM90_8192_BY_ROW_BUCKET",
+    "SMALL_ROWS",
+    "TUNED_NUM_COLS_BUCKET",
+    "Execution",
     "TopkConfig",
     "in_envelope",
     "launch_rows",
+    "row_bucket",
     "select_config",
     "topk",
 ]
@@ -37,14 +59,57 @@ ENVELOPE_K: Final[tuple[int, ...]] = (512, 1024, 2048)
 MAX_NUM_COLS: Final[int] = 8192
 #: num_cols buckets: a row is padded to the smallest bucket that holds it (BLOCK_N).
 NUM_COLS_BUCKETS: Final[tuple[int, ...]] = (512, 1024, 2048, 4096, 8192)
+#: The kernels of an execution: ``"compare"`` is :func:`~batchinv.fast.kernels.topk.topk_kernel`
+#: (candidate mask, counts by compare, k constexpr), ``"sign"`` is
+#: :func:`~batchinv.fast.kernels.topk.topk_sign_count_kernel` (counts by the sign of a
+#: difference, one packed scan, k at run time): fewer instructions per lane.
+KERNELS: Final[tuple[str, ...]] = ("compare", "sign")
+#: Launches of at most this many rows take :data:`CONFIGS` (one wave on the GPUs served: the
+#: rows run side by side, so the latency of one program is the launch's).
+SMALL_ROWS: Final[int] = 64
+#: Row buckets of the launches above :data:`SMALL_ROWS`: a launch takes the first bucket that
+#: holds its rows, and the last bucket any larger launch.
+ROW_BUCKETS: Final[tuple[int, ...]] = (256, 1024, 2048, 4096)
+#: The num_cols bucket whose row buckets are tuned (the indexer's production width); the
+#: other buckets take their :data:`CONFIGS` entry at every row count.
+TUNED_NUM_COLS_BUCKET: Final[int] = 8192
 
 
 @dataclass(frozen=True)
 class TopkConfig:
-    """One launch configuration: the register tile of a row and the warps of its program."""
+    """One launch configuration.
+
+    Attributes:
+        block_n: the register tile of a row (a power of two >= num_cols).
+        num_warps: warps of a row's program.
+        kernel: one of :data:`KERNELS`.
+        maxnreg: the registers per thread ptxas may use (None: its own choice); a cap fits
+            more programs on an SM (65536 registers: 8 warps at <= 128 hold two programs).
+    """
 
     block_n: int
     num_warps: int
+    kernel: str = "compare"
+    maxnreg: int | None = None
+
+
+@dataclass(frozen=True)
+class Execution:
+    """A candidate execution, stated for any num_cols bucket: the bucket's :data:`CONFIGS` entry
+    with ``kernel``, and ``num_warps`` / ``maxnreg`` where given."""
+
+    kernel: str
+    num_warps: int | None = None
+    maxnreg: int | None = None
+
+    def config(self, base: TopkConfig) -> TopkConfig:
+        """This execution at the bucket whose :data:`CONFIGS` entry is ``base``."""
+        return TopkConfig(
+            block_n=base.block_n,
+            num_warps=self.num_warps if self.num_warps is not None else base.num_warps,
+            kernel=self.kernel,
+            maxnreg=self.maxnreg,
+        )
 
 
 def _table() -> dict[tuple[str, int, int], TopkConfig]:
@@ -58,11 +123,57 @@ def _table() -> dict[tuple[str, int, int], TopkConfig]:
     return table
 
 
-#: Launch configs keyed ONLY on (arch, k, num_cols bucket) -- never on the number of rows, so a
-#: row's program is the same whatever M the batch has.  (The result does not depend on the
-#: config at all -- the selection is exact -- but a config that moved with M would make speed,
-#: and any future non-exact variant, batch-dependent.)  Unknown arches use the "generic" rows.
+#: Launch configs of up to :data:`SMALL_ROWS` rows, keyed ONLY on (arch, k, num_cols bucket),
+#: and the base of every row bucket.  Unknown arches use the "generic" rows.
 CONFIGS: Final = MappingProxyType(_table())
+
+#: Every execution :data:`ROW_CONFIGS` may name, each bit-identical to every other (the
+#: registry's ``config_equivalence`` runs them all).  From ptxas (sm_90, num_cols 8192, 8 warps
+#: unless named w16): registers per thread, programs an SM holds (65536 registers), bytes
+#: spilled; instructions per row per thread (SASS):
+#:
+#:   compare          187  1         8000  (the small launches' config)
+#:   compare_r128     128  2
+#:   compare_w16_r64   64  2   60 B
+#:   sign             181  1         ~4500 on distinct scores (~20 search steps of ~100),
+#:                                   ~5600 with a tie plateau at the cutoff (31 steps)
+#:   sign_r128        128  2
+#:   sign_r80          80  3  264 B
+#:   sign_r64          64  4  496 B
+#:   sign_w16_r64      64  2   60 B
+EXECUTIONS: Final = MappingProxyType(
+    {
+        "compare": Execution("compare"),
+        "compare_r128": Execution("compare", num_warps=8, maxnreg=128),
+        "compare_w16_r64": Execution("compare", num_warps=16, maxnreg=64),
+        "sign": Execution("sign"),
+        "sign_r128": Execution("sign", num_warps=8, maxnreg=128),
+        "sign_r80": Execution("sign", num_warps=8, maxnreg=80),
+        "sign_r64": Execution("sign", num_warps=8, maxnreg=64),
+        "sign_w16_r64": Execution("sign", num_warps=16, maxnreg=64),
+    }
+)
+
+#: THE TUNED LINE: the execution of each row bucket (in :data:`ROW_BUCKETS` order) on sm90 at
+#: num_cols bucket 8192.  ``ci/tune_topk_rows.py`` times every execution on the H200 and prints the
+#: replacement line; until a run has measured and verified one, every bucket keeps the small
+#: launches' config ("compare").
+SM90_8192_BY_ROW_BUCKET: Final[tuple[str, ...]] = ("compare", "compare", "compare", "compare")
+
+
+def _row_table() -> dict[tuple[str, int, int, int], TopkConfig]:
+    table = {(*key, rows): base for key, base in CONFIGS.items() for rows in ROW_BUCKETS}
+    for k in ENVELOPE_K:
+        for rows, name in zip(ROW_BUCKETS, SM90_8192_BY_ROW_BUCKET, strict=True):
+            base = CONFIGS[("sm90", k, TUNED_NUM_COLS_BUCKET)]
+            table[("sm90", k, TUNED_NUM_COLS_BUCKET, rows)] = EXECUTIONS[name].config(base)
+    return table
+
+
+#: Launch configs above :data:`SMALL_ROWS` rows, keyed on (arch, k, num_cols bucket, row
+#: bucket).  The row bucket is allowed in the key because every entry is an execution of
+#: :data:`EXECUTIONS`, proven bit-identical by ``config_equivalence`` (see the module docstring).
+ROW_CONFIGS: Final = MappingProxyType(_row_table())
 
 
 def num_cols_bucket(num_cols: int) -> int:
@@ -73,19 +184,39 @@ def num_cols_bucket(num_cols: int) -> int:
     raise ValueError(f"num_cols: expected at most {MAX_NUM_COLS}, got {num_cols}")
 
 
+def row_bucket(num_rows: int) -> int | None:
+    """The row bucket of a launch of ``num_rows`` rows: None up to :data:`SMALL_ROWS`, else the
+    first of :data:`ROW_BUCKETS` holding it (the last for more rows)."""
+    if num_rows <= SMALL_ROWS:
+        return None
+    return next((b for b in ROW_BUCKETS if num_rows <= b), ROW_BUCKETS[-1])
+
+
 def in_envelope(k: int, num_cols: int) -> bool:
     """Whether the Triton kernel serves ``(k, num_cols)``; otherwise :func:`topk` falls back."""
     return k in ENVELOPE_K and num_cols <= MAX_NUM_COLS
 
 
-def select_config(arch_key: str, k: int, num_cols: int) -> TopkConfig:
-    """The config for ``arch_key`` (as :func:`batchinv.fast.device.arch` names it), ``k`` and
-    ``num_cols``.  Takes no row count, by design."""
+def select_config(arch_key: str, k: int, num_cols: int, num_rows: int = 1) -> TopkConfig:
+    """The config for ``arch_key`` (as :func:`batchinv.fast.device.arch` names it), ``k``,
+    ``num_cols`` and a launch of ``num_rows`` rows: :data:`CONFIGS` up to :data:`SMALL_ROWS`
+    rows, :data:`ROW_CONFIGS` above (every entry proven bit-identical by ``config_equivalence``)."""
     bucket = num_cols_bucket(num_cols)
-    return CONFIGS.get((arch_key, k, bucket)) or CONFIGS[("generic", k, bucket)]
+    known = arch_key if (arch_key, k, bucket) in CONFIGS else "generic"
+    rows = row_bucket(num_rows)
+    if rows is None:
+        return CONFIGS[(known, k, bucket)]
+    return ROW_CONFIGS[(known, k, bucket, rows)]
 
 
-def topk(scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor, k: int) -> torch.Tensor:
+def topk(
+    scores: torch.Tensor,
+    row_starts: torch.Tensor,
+    row_ends: torch.Tensor,
+    k: int,
+    *,
+    config: TopkConfig | None = None,
+) -> torch.Tensor:
     """Row-local indices of each row's ``k`` largest scores inside its window, ascending.
 
     For row ``r`` with window ``[s, e)`` (``s = clamp(row_starts[r], 0, C)``,
@@ -102,12 +233,15 @@ def topk(scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
             narrowing, so bounds past the int32 range work).
         row_ends: int32 or int64 ``[R]``, same device, ``row_ends >= row_starts``.
         k: an integral (``operator.index``; not a bool), 1 <= k <= 2**31 - 1.
+        config: run this config instead of the table's (tuning and ``config_equivalence``);
+            its ``block_n`` must hold ``C`` and its ``kernel`` be one of :data:`KERNELS`.
 
     Returns:
         int32 ``[R, k]``.  Bitwise equal to :func:`batchinv.reference.topk.topk` on every input,
         and bitwise invariant along the row axis: a row's output does not depend on M, on its
         position or neighbours, on its ``row_start`` offset in a packed buffer, or on earlier
-        calls (one program per row, a config keyed only on arch, k and the num_cols bucket).
+        calls (one program per row; the config, which may follow the row bucket above
+        :data:`SMALL_ROWS` rows, is one of :data:`EXECUTIONS`, all bit-identical).
 
     NaN and signed zeros:
         ``-0.0`` ranks as ``+0.0``.  NaNs rank by their bits: positive NaNs above ``+inf``,
@@ -123,17 +257,31 @@ def topk(scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
         ArgumentError: a wrong rank, bounds of a length other than ``R``, ``k`` outside
             ``[1, 2**31 - 1]``, a row with ``row_end < row_start`` (not checked while a CUDA
             graph is captured: the check reads the bounds; there an inverted window selects
-            nothing).
+            nothing); a ``config`` whose ``block_n`` is not a power of two holding ``C`` or
+            whose ``kernel`` is unknown.
         DeviceError: bounds on another device than ``scores``; a tensor on the meta device; a
             non-CUDA tensor on the GPU path.
 
     Source:
         Seed write-up 003: one program per row, the row register-resident, a 32-step binary
         search over the int32 key space for the k-th key, one ascending scan emitting keys above
-        it plus the first tied lanes by column (exclusive cumsum); no sort, fixed num_warps, no
-        autotune.
+        it plus the first tied lanes by column (exclusive cumsum); no sort, no autotune.
     """
-    return launch_rows(topk_kernel, scores, row_starts, row_ends, k, fallback=reference_topk)
+    prepared = _prepare(scores, row_starts, row_ends, k, reference_topk)
+    if isinstance(prepared, torch.Tensor):
+        return prepared
+    scores, row_starts, row_ends, k, out = prepared
+    num_rows, num_cols = scores.shape
+    if config is None:
+        config = select_config(arch(scores.device), k, num_cols, num_rows)
+    elif config.kernel not in KERNELS or config.block_n < num_cols or config.block_n & (config.block_n - 1):
+        raise ArgumentError(
+            "config", f"a power-of-two block_n >= num_cols = {num_cols}, kernel in {KERNELS}", config
+        )
+    # The kernels are looked up here, at call time (tests and mutants stand in for them).
+    kernel = topk_kernel if config.kernel == "compare" else topk_sign_count_kernel
+    _launch(kernel, config, scores, row_starts, row_ends, k, out)
+    return out
 
 
 def launch_rows(
@@ -145,8 +293,32 @@ def launch_rows(
     *,
     fallback: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor],
 ) -> torch.Tensor:
-    """Validate, then launch a one-program-per-row top-k ``kernel`` (the pinned one or the
-    baseline's, which share a signature), or call ``fallback`` outside the envelope."""
+    """Validate, then launch a one-program-per-row top-k ``kernel`` with
+    :func:`~batchinv.fast.kernels.topk.topk_kernel`'s signature (the baselines', the mutants')
+    under the :data:`CONFIGS` entry at every row count, or call ``fallback`` outside the
+    envelope."""
+    prepared = _prepare(scores, row_starts, row_ends, k, fallback)
+    if isinstance(prepared, torch.Tensor):
+        return prepared
+    scores, row_starts, row_ends, k, out = prepared
+    _launch(
+        kernel, select_config(arch(scores.device), k, scores.shape[1]), scores, row_starts, row_ends, k, out
+    )
+    return out
+
+
+_Prepared = tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Tensor]
+
+
+def _prepare(
+    scores: torch.Tensor,
+    row_starts: torch.Tensor,
+    row_ends: torch.Tensor,
+    k: Any,
+    fallback: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor],
+) -> torch.Tensor | _Prepared:
+    """Validate; the finished output (the fallback's outside the envelope, an empty batch's),
+    or the operands the kernel reads with ``k`` as an int and the output to fill."""
     k = check_topk_arguments(scores, row_starts, row_ends, k)
     for name, tensor in (("scores", scores), ("row_starts", row_starts), ("row_ends", row_ends)):
         check_launch_device(name, tensor)
@@ -158,20 +330,27 @@ def launch_rows(
         return out
     # The kernel reads raw memory: a negative-bit view (z.conj().imag) must be materialized.
     scores, row_starts, row_ends = (kernel_operand(t) for t in (scores, row_starts, row_ends))
-    config = select_config(arch(scores.device), k, num_cols)
-    kernel[(num_rows,)](
-        scores,
-        row_starts,
-        row_ends,
-        out,
-        num_cols,
-        scores.stride(0),
-        scores.stride(1),
-        row_starts.stride(0),
-        row_ends.stride(0),
-        out.stride(0),
-        K=k,
-        BLOCK_N=config.block_n,
-        num_warps=config.num_warps,
-    )
-    return out
+    return scores, row_starts, row_ends, k, out
+
+
+def _launch(
+    kernel: Any,
+    config: TopkConfig,
+    scores: torch.Tensor,
+    row_starts: torch.Tensor,
+    row_ends: torch.Tensor,
+    k: int,
+    out: torch.Tensor,
+) -> None:
+    """One program per row of ``kernel`` (``config.kernel``'s signature) under ``config``."""
+    options: dict[str, Any] = {"num_warps": config.num_warps}
+    if config.maxnreg is not None:
+        options["maxnreg"] = config.maxnreg
+    pointers = (scores, row_starts, row_ends, out)
+    strides = (scores.stride(0), scores.stride(1), row_starts.stride(0), row_ends.stride(0), out.stride(0))
+    grid = (scores.shape[0],)
+    if config.kernel == "compare":
+        kernel[grid](*pointers, scores.shape[1], *strides, K=k, BLOCK_N=config.block_n, **options)
+        return
+    with interpreter_quiet():  # "sign" loops to a run-time k (the interpreter warns; a GPU does not)
+        kernel[grid](*pointers, scores.shape[1], k, 1, *strides, BLOCK_N=config.block_n, **options)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from batchinv.fast import ops
+from batchinv.fast.topk import topk as fast_topk
 from batchinv.harness.plugin import current_lane
 
 DEVICE = torch.device("cuda" if current_lane().is_gpu else "cpu")
@@ -113,3 +114,45 @@ def test_modes_check_finds_torch_softmax_compiled_by_inductor_differs():
     lane = current_lane()
     results = [run_check(comp, "torch_native", "modes", case, lane) for case in comp.cases(lane)]
     assert "fail" in [r.status for r in results], [(r.status, r.detail[:300]) for r in results[:3]]
+
+
+def _topk_operands(rows: int, seed: int = 0, index_dtype: torch.dtype = torch.int64) -> dict[str, object]:
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(rows, 600, generator=gen)
+    scores[:, ::3] = float("-inf")  # a -inf plateau: ties at the cutoff
+    starts = torch.randint(0, 40, (rows,), generator=gen)
+    ends = starts + torch.randint(0, 560, (rows,), generator=gen)
+    return {
+        "scores": scores.to(DEVICE),
+        "row_starts": starts.to(index_dtype).to(DEVICE),
+        "row_ends": ends.to(index_dtype).to(DEVICE),
+    }
+
+
+@any_lane
+def test_topk_operator_passes_opcheck():
+    t = _topk_operands(3)
+    for k, index_dtype in ((512, torch.int64), (100, torch.int32)):  # the kernel; the reference path
+        args = (*_topk_operands(3, index_dtype=index_dtype).values(), k)
+        result = torch.library.opcheck(
+            torch.ops.batchinv.topk,
+            args,
+            test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
+        )
+        assert set(result.values()) == {"SUCCESS"}, (k, result)
+    assert torch.equal(torch.ops.batchinv.topk(*t.values(), 512), fast_topk(**t, k=512))
+
+
+@any_lane
+@torch.no_grad()
+def test_topk_compiled_gives_the_eager_bits_and_counts_runtime_calls():
+    torch._dynamo.reset()
+    compiled = torch.compile(ops.topk_subject, fullgraph=True, dynamic=True)
+    t = _topk_operands(5, seed=1)
+    before = ops.RUNTIME_CALLS.copy()
+    full = compiled(**t, k=512)
+    assert ops.RUNTIME_CALLS - before == {"topk": 1}
+    assert torch.equal(full, fast_topk(**t, k=512))
+    for rows in (1, 4):
+        part = compiled(**{name: v[:rows] for name, v in t.items()}, k=512)
+        assert torch.equal(part, full[:rows]), rows

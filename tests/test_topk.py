@@ -9,7 +9,7 @@ over the sweep) live in ``tests/test_components.py``.
 
 from __future__ import annotations
 
-import inspect
+from types import MappingProxyType
 
 import pytest
 import torch
@@ -18,12 +18,21 @@ from hypothesis import strategies as st
 from launch_recorder import LaunchRecorder
 
 from batchinv.fast import topk as fast_module
-from batchinv.fast.device import interpreting
+from batchinv.fast.device import arch, interpreting
 from batchinv.fast.topk import (
     CONFIGS,
     ENVELOPE_K,
+    EXECUTIONS,
+    KERNELS,
     MAX_NUM_COLS,
     NUM_COLS_BUCKETS,
+    ROW_BUCKETS,
+    ROW_CONFIGS,
+    SMALL_ROWS,
+    TUNED_NUM_COLS_BUCKET,
+    TopkConfig,
+    in_envelope,
+    row_bucket,
     select_config,
 )
 from batchinv.fast.topk import topk as fast_topk
@@ -88,10 +97,18 @@ def assert_bitwise(expected: torch.Tensor, got: torch.Tensor, what: str = "") ->
 
 
 def check_all(scores, row_starts, row_ends, k, expected=None):
-    """fast == reference == expected (the oracle's answer when not given)."""
+    """fast == reference == expected (the oracle's answer when not given); inside the kernel's
+    envelope each kernel of :data:`KERNELS` (the "sign" kernel runs many-row launches) too."""
     expected = oracle(scores, row_starts, row_ends, k) if expected is None else expected
     assert_bitwise(expected, reference_topk(scores, row_starts, row_ends, k), "reference vs expected")
     assert_bitwise(expected, fast_topk(scores, row_starts, row_ends, k), "fast vs expected")
+    if in_envelope(k, scores.shape[1]):
+        ran = select_config(arch(scores.device), k, scores.shape[1], scores.shape[0])
+        base = select_config(arch(scores.device), k, scores.shape[1])
+        for kernel in KERNELS:
+            config = TopkConfig(base.block_n, base.num_warps, kernel)
+            if config != ran:
+                assert_bitwise(expected, fast_topk(scores, row_starts, row_ends, k, config=config), kernel)
     return expected
 
 
@@ -462,28 +479,139 @@ def test_fallback_dispatch(device, recorder, num_cols, k, launched):
 
 
 @any_lane
-def test_config_table_is_keyed_on_arch_k_and_bucket_only():
-    assert list(inspect.signature(select_config).parameters) == ["arch_key", "k", "num_cols"]
+def test_small_launches_keep_the_pinned_config():
+    """Up to SMALL_ROWS rows the config is the one table keyed on (arch, k, num_cols bucket),
+    unchanged: a power-of-two register tile, 4 warps up to 2048 columns and 8 above, the
+    "compare" kernel, no register cap (the <= 64-row path runs at ~20 us on the H200)."""
+    assert isinstance(CONFIGS, MappingProxyType) and isinstance(ROW_CONFIGS, MappingProxyType)
     for key, config in CONFIGS.items():
         arch_key, k, bucket = key
         assert isinstance(arch_key, str) and k in ENVELOPE_K and bucket in NUM_COLS_BUCKETS
-        assert config.block_n >= bucket
+        assert config == TopkConfig(block_n=bucket, num_warps=4 if bucket <= 2048 else 8)
+        assert (config.kernel, config.maxnreg) == ("compare", None)
     for arch_key in ("sm90", "sm100", "interp", "sm120"):
         for k in ENVELOPE_K:
             for num_cols in (0, 1, 511, 512, 513, 2049, 4096, 8191, MAX_NUM_COLS):
-                assert select_config(arch_key, k, num_cols).block_n >= num_cols
+                small = select_config(arch_key, k, num_cols)
+                assert small.block_n >= num_cols
+                for num_rows in (1, 17, SMALL_ROWS):
+                    assert select_config(arch_key, k, num_cols, num_rows) == small
 
 
 @any_lane
-def test_launch_config_does_not_depend_on_num_rows(device, recorder):
+def test_row_buckets():
+    assert [row_bucket(m) for m in (1, SMALL_ROWS, SMALL_ROWS + 1, 256, 257, 1024, 2049, 4096, 10**6)] == [
+        None,
+        None,
+        256,
+        256,
+        1024,
+        1024,
+        4096,
+        4096,
+        4096,
+    ]
+    assert ROW_BUCKETS == tuple(sorted(ROW_BUCKETS)) and ROW_BUCKETS[0] > SMALL_ROWS
+
+
+def _executions_at(base):
+    return {name: execution.config(base) for name, execution in EXECUTIONS.items()}
+
+
+@any_lane
+def test_row_configs_are_executions_config_equivalence_runs():
+    """Every config a many-row launch may take is an execution of EXECUTIONS, and the
+    component's ``configs`` hands every execution of the tuned bucket to config_equivalence
+    on GPU lanes (so a table naming any of them is proven bit-identical before it ships)."""
+    for (arch_key, k, bucket, rows), config in ROW_CONFIGS.items():
+        base = CONFIGS[(arch_key, k, bucket)]
+        assert rows in ROW_BUCKETS
+        assert config in _executions_at(base).values(), (arch_key, k, bucket, rows, config)
+        if bucket != TUNED_NUM_COLS_BUCKET or arch_key != "sm90":
+            assert config == base
+    assert {e.kernel for e in EXECUTIONS.values()} == set(KERNELS)
+    for k in ENVELOPE_K:
+        for num_rows in (3, 300):
+            scores = torch.zeros(num_rows, TUNED_NUM_COLS_BUCKET)
+            ends = torch.full((num_rows,), TUNED_NUM_COLS_BUCKET, dtype=torch.int32)
+            batch = Batch({"scores": scores, "row_starts": ends * 0, "row_ends": ends}, {"k": k})
+            base = select_config(arch(scores.device), k, TUNED_NUM_COLS_BUCKET)
+            ran = select_config(arch(scores.device), k, TUNED_NUM_COLS_BUCKET, num_rows)
+            declared = {fn.keywords["config"] for fn in COMPONENT.configs(batch, Lane.SM90).values()}
+            assert declared | {ran} == set(_executions_at(base).values())
+            assert ran not in declared
+            cpu = {fn.keywords["config"] for fn in COMPONENT.configs(batch, Lane.CPU).values()}
+            assert {c.kernel for c in cpu | {ran}} == set(KERNELS)  # the interpreter: one per kernel
+
+
+@any_lane
+def test_the_tuned_line_sets_every_k_of_the_tuned_bucket(monkeypatch):
+    """The one-line edit: SM90_8192_BY_ROW_BUCKET names an execution per row bucket, and the
+    table built from it gives sm90 at the tuned bucket that execution for every k."""
+    line = ("sign_r128", "compare_r128", "sign_w16_r64", "sign_r80")
+    monkeypatch.setattr(fast_module, "SM90_8192_BY_ROW_BUCKET", line)
+    table = fast_module._row_table()
+    for k in ENVELOPE_K:
+        base = CONFIGS[("sm90", k, TUNED_NUM_COLS_BUCKET)]
+        for rows, name in zip(ROW_BUCKETS, line, strict=True):
+            assert table[("sm90", k, TUNED_NUM_COLS_BUCKET, rows)] == EXECUTIONS[name].config(base)
+            assert (
+                table[("sm100", k, TUNED_NUM_COLS_BUCKET, rows)]
+                == CONFIGS[("sm100", k, TUNED_NUM_COLS_BUCKET)]
+            )
+    monkeypatch.setattr(fast_module, "SM90_8192_BY_ROW_BUCKET", ("sign_r128",))  # too short
+    with pytest.raises(ValueError):
+        fast_module._row_table()
+    monkeypatch.setattr(fast_module, "SM90_8192_BY_ROW_BUCKET", ("sign_r96",) * len(ROW_BUCKETS))
+    with pytest.raises(KeyError):
+        fast_module._row_table()  # an execution config_equivalence does not run
+
+
+@any_lane
+def test_launch_config_does_not_depend_on_num_rows_up_to_small_rows(device, recorder):
     gen = torch.Generator().manual_seed(2)
-    scores = torch.randn(5, 1500, generator=gen).to(device)
-    starts, ends = bounds([0] * 5, device), bounds([1500] * 5, device)
-    fast_topk(scores[:1], starts[:1], ends[:1], 1024)
-    fast_topk(scores, starts, ends, 1024)
+    scores = torch.randn(SMALL_ROWS, 500, generator=gen).to(device)
+    starts, ends = bounds([0] * SMALL_ROWS, device), bounds([500] * SMALL_ROWS, device)
+    fast_topk(scores[:1], starts[:1], ends[:1], 512)
+    fast_topk(scores, starts, ends, 512)
     first, second = recorder.launches
-    assert first["grid"] == (1,) and second["grid"] == (5,)
+    assert first["grid"] == (1,) and second["grid"] == (SMALL_ROWS,)
     assert {k: v for k, v in first.items() if k != "grid"} == {k: v for k, v in second.items() if k != "grid"}
+
+
+@any_lane
+def test_a_many_row_launch_runs_the_row_buckets_execution(device, monkeypatch):
+    """Above SMALL_ROWS rows the launcher takes ROW_CONFIGS' entry (here one naming the "sign"
+    kernel for every arch), with the oracle's bits."""
+    num_rows, num_cols, k = SMALL_ROWS + 1, 500, 512
+    gen = torch.Generator().manual_seed(4)
+    kinds = component_module.ROW_KINDS
+    scores = torch.stack(
+        [component_module.build_row(kinds[i % len(kinds)], num_cols, gen) for i in range(num_rows)]
+    )
+    starts = torch.randint(-3, 40, (num_rows,), generator=gen)
+    ends = starts + torch.randint(0, num_cols, (num_rows,), generator=gen)
+    scores, starts, ends = scores.to(device), starts.to(device), ends.to(device)
+    sign = {key: _executions_at(CONFIGS[key[:3]])["sign"] for key in ROW_CONFIGS}
+    monkeypatch.setattr(fast_module, "ROW_CONFIGS", MappingProxyType(sign))
+    compare, signed = (
+        LaunchRecorder(fast_module.topk_kernel),
+        LaunchRecorder(fast_module.topk_sign_count_kernel),
+    )
+    monkeypatch.setattr(fast_module, "topk_kernel", compare)
+    monkeypatch.setattr(fast_module, "topk_sign_count_kernel", signed)
+    many = fast_topk(scores, starts, ends, k)
+    assert not compare.launches and [launch["grid"] for launch in signed.launches] == [(num_rows,)]
+    assert_bitwise(oracle(scores.cpu(), starts.cpu(), ends.cpu(), k), many, "oracle")
+
+
+@any_lane
+def test_an_explicit_config_must_hold_the_row(device):
+    scores = torch.zeros(2, 600, device=device)
+    starts, ends = bounds([0, 0], device), bounds([600, 600], device)
+    for bad in (TopkConfig(512, 4), TopkConfig(768, 4), TopkConfig(1024, 4, kernel="radix")):
+        with pytest.raises(ArgumentError, match="'config'"):
+            fast_topk(scores, starts, ends, 512, config=bad)
 
 
 # --- bad input ------------------------------------------------------------------------------------
@@ -618,9 +746,7 @@ _EXAMPLES = 25 if _LANE is Lane.CPU else 200
 @example(batch=_known_bug_examples()[1])
 def test_property_fast_equals_reference_equals_oracle(batch):
     batch = _on(batch, _DEVICE)
-    expected = oracle(**batch.kwargs())
-    assert_bitwise(expected, reference_topk(**batch.kwargs()), "reference vs oracle")
-    assert_bitwise(expected, fast_topk(**batch.kwargs()), "fast vs oracle")
+    check_all(**batch.kwargs())  # the reference, fast and each kernel against the oracle
 
 
 @any_lane
@@ -763,7 +889,10 @@ def test_every_check_of_the_cpu_cases_runs_the_kernel_somewhere():
 
     from batchinv.harness.checks import REFERENCE_PATH, run_check
 
-    stub = replace(COMPONENT, fast=_stub_fast)
+    def stub_configs(batch, lane):  # the executions the component declares, each a stub as well
+        return {name: _stub_fast for name in COMPONENT.configs(batch, lane)}
+
+    stub = replace(COMPONENT, fast=_stub_fast, configs=stub_configs, torch_op=_stub_fast)
     cases = COMPONENT.cases(Lane.CPU)
     on_kernel = [component_module.fast_path(COMPONENT.build(c, torch.device("cpu"))) for c in cases]
     assert any(on_kernel) and not all(on_kernel), "the cpu list must hold kernel and reference-path cases"

@@ -6,6 +6,13 @@ int32 key space finds the k-th largest key ``T`` of the row's candidates, then o
 scan emits every candidate with key > T plus the first ``k - count(key > T)`` candidates with
 key == T in column order (an exclusive cumsum), at their rank among the emitted lanes: the
 output is ascending without a sort.
+
+Two executions of that selection, bit-identical by construction (the selection is exact) and
+proven so by the registry check ``config_equivalence``:
+
+* :func:`topk_kernel` (``"compare"``): candidates by mask, counts by compare, ``K`` constexpr.
+* :func:`topk_sign_count_kernel` (``"sign"``): fewer instructions per lane and, on rows of
+  distinct scores, fewer search steps; for many rows.
 """
 
 import triton
@@ -135,3 +142,101 @@ def topk_masked_lanes_compete_kernel(
     key = tl.where(in_window, _monotone_key(scores), NEG_INF_KEY)
     take = _select(key, in_row, tl.minimum(num_cols, K))
     _emit(out_ptr + row * stride_out_row, take & in_window, cols - start, K)
+
+
+@triton.jit
+def _kth_key_by_sign(key, num_wanted, half_shift, BLOCK_N: tl.constexpr):
+    """A threshold ``t`` whose selection equals :func:`_kth_key`'s, for ``key`` ``[BLOCK_N]``
+    whose non-candidate lanes hold ``KEY_MIN``: the candidates with key > t, then the first
+    ``num_wanted - count(key > t)`` of those with key == t, are the ``num_wanted`` best.
+
+    The search is :func:`_kth_key`'s, bit by bit from the most significant, with three
+    changes, none of which can change the selection:
+
+    * Every trial lies above ``KEY_MIN``, so a lane keyed ``KEY_MIN`` is never counted and no
+      candidate mask is needed (an in-window ``KEY_MIN``, 0xffffffff, is never counted either,
+      rightly).
+    * In the offset order ``u = key + 2**31`` the trials of key bits 31..1 are even, so
+      ``u >= trial_u`` iff ``u >> 1 >= trial_u >> 1``: two values below 2**31, so the top bit
+      of their uint32 difference is set exactly when the lane lies below the trial -- one
+      subtraction and one shift-add per lane (a step is ~99 instructions per thread at 8
+      warps and 8192 columns, against 153 for :func:`_kth_key`'s mask, compare and select;
+      ptxas, sm_90).  Key bit 0 compares.
+    * A trial with exactly ``num_wanted`` lanes at or above it ends the search: those lanes are
+      the selection, and ``t = trial`` selects them all (the tie budget at ``t`` is the number
+      of lanes equal to it).  On rows of distinct scores this comes ~12 steps early at 8192
+      columns (the gap between the k-th and (k+1)-th best keys spans ~2**12 keys); a row whose
+      cutoff lies on a tie plateau searches every bit, to :func:`_kth_key`'s threshold.
+
+    ``half_shift`` is 1, passed at run time: with a constant shift LLVM bounds the halves,
+    proves the difference cannot overflow and turns it back into the compare and select.
+    """
+    half = (key ^ KEY_MIN).to(tl.uint32, bitcast=True) >> half_shift.to(tl.uint32)  # [BLOCK_N] < 2**31
+    max_below = BLOCK_N - num_wanted  # a trial is kept while at most this many lanes lie below it
+    thresh_half = tl.full((), 0, tl.uint32)  # (thresh - KEY_MIN) >> 1, thresh starting at KEY_MIN
+    bit = tl.full((), 30, tl.int32)  # the trial of key bit b + 1 is thresh + 2**(b + 1)
+    below = tl.full((), -1, tl.int32)
+    while (bit >= 0) & (below != max_below):
+        trial_half = thresh_half + (tl.full((), 1, tl.uint32) << bit.to(tl.uint32))  # in [1, 2**31)
+        below = tl.sum(((half - trial_half) >> 31).to(tl.int32), axis=0)  # wraps iff half < trial_half
+        thresh_half = tl.where(below <= max_below, trial_half, thresh_half)
+        bit -= 1
+    thresh = (thresh_half.to(tl.int64) << 1) + KEY_MIN
+    if below != max_below:  # key bit 0, by a compare
+        count = tl.sum((key >= (thresh + 1).to(tl.int32)).to(tl.int32), axis=0)
+        thresh += (count >= num_wanted).to(tl.int64)
+    return thresh.to(tl.int32)
+
+
+# k is not specialized either: one compile serves every k of a num_cols bucket.
+_SIGN_NOT_SPECIALIZED = [*_NOT_SPECIALIZED, "k", "half_shift"]
+
+
+@triton.jit(do_not_specialize=_SIGN_NOT_SPECIALIZED)
+def topk_sign_count_kernel(
+    scores_ptr,
+    row_starts_ptr,
+    row_ends_ptr,
+    out_ptr,
+    num_cols,
+    k,
+    half_shift,
+    stride_scores_row,
+    stride_scores_col,
+    stride_starts,
+    stride_ends,
+    stride_out_row,
+    BLOCK_N: tl.constexpr,
+):
+    """:func:`topk_kernel`'s selection with fewer instructions per lane (the bits are the same).
+
+    Out-of-window lanes are keyed ``KEY_MIN`` and the threshold is found by
+    :func:`_kth_key_by_sign`; one scan of the above-count (bits 0..15) and tie-count
+    (bits 16..) packed in an int32 gives both the tie budget's cut and each emitted lane's
+    slot: ``slot = above_through + min(ties_through, budget) - 1`` (counts inclusive of the
+    lane; every count is at most BLOCK_N <= 8192, so neither field overflows).  ``k`` is a
+    run-time value (the -1 tail is stored in BLOCK_N-wide chunks); ``half_shift`` is 1.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    start, end = _load_window(row_starts_ptr, row_ends_ptr, row, num_cols, stride_starts, stride_ends)
+    cols = tl.arange(0, BLOCK_N)
+    in_window = (cols >= start) & (cols < end)
+    offsets = row * stride_scores_row + cols.to(tl.int64) * stride_scores_col
+    scores = tl.load(scores_ptr + offsets, mask=in_window, other=0.0)
+    key = tl.where(in_window, _monotone_key(scores), KEY_MIN)
+    num_wanted = tl.minimum(end - start, k)
+    kth = _kth_key_by_sign(key, num_wanted, half_shift, BLOCK_N)
+    above = key > kth  # never an out-of-window lane: kth >= KEY_MIN
+    tied = in_window & (key == kth)
+    packed = tl.cumsum(above.to(tl.int32) + (tied.to(tl.int32) << 16), axis=0)  # inclusive
+    budget = num_wanted - tl.sum(above.to(tl.int32), axis=0)
+    ties_through = packed >> 16
+    take = above | (tied & (ties_through <= budget))
+    slot = (packed & 0xFFFF) + tl.minimum(ties_through, budget) - 1
+    out_row_ptr = out_ptr + row * stride_out_row
+    tl.store(out_row_ptr + slot, cols - start, mask=take)
+    for first in range(0, k, BLOCK_N):  # num_wanted lanes were emitted; -1 after them
+        offs = first + cols
+        tl.store(
+            out_row_ptr + offs, tl.full((BLOCK_N,), -1, tl.int32), mask=(offs >= num_wanted) & (offs < k)
+        )

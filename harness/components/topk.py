@@ -11,12 +11,15 @@ patterns in every byte the kernel must not read.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from batchinv.fast.topk import MAX_NUM_COLS, in_envelope
+from batchinv.fast import ops
+from batchinv.fast.device import arch
+from batchinv.fast.topk import EXECUTIONS, MAX_NUM_COLS, TUNED_NUM_COLS_BUCKET, in_envelope, select_config
 from batchinv.fast.topk import topk as fast_topk
 from batchinv.fast.topk_baselines import masked_fused_topk, masked_torch_topk
 from batchinv.harness import bitpatterns as bp
@@ -317,6 +320,34 @@ def bench_cases(lane: Lane) -> Sequence[Case]:
     return [make_case(m, 8192, k, rows="normal", seed=m + k) for k in (512, 2048) for m in (1, 8, 64, 1024)]
 
 
+def configs(batch: Batch, lane: Lane) -> dict[str, Any]:
+    """Every execution the launcher may pick for the batch's (k, num_cols bucket), besides the
+    one it ran (:data:`batchinv.fast.topk.EXECUTIONS`, each run through ``topk(config=...)``).
+
+    At the tuned bucket (:data:`~batchinv.fast.topk.TUNED_NUM_COLS_BUCKET`) on GPU lanes: all of
+    them, every warps and register-cap variant, since its row buckets may name any.  Elsewhere,
+    and on the cpu lane (the interpreter ignores warps and register caps): each kernel at the
+    bucket's warps, so the "sign" kernel runs on every case and every bit class.  Off the fast
+    path (the reference runs): none.
+    """
+    scores, k = batch.rows["scores"], int(batch.shared["k"])
+    num_rows, num_cols = scores.shape
+    if not in_envelope(k, num_cols):
+        return {}
+    arch_key = arch(scores.device)
+    ran = select_config(arch_key, k, num_cols, num_rows)
+    base = select_config(arch_key, k, num_cols)
+    every = lane.is_gpu and base.block_n == TUNED_NUM_COLS_BUCKET
+    out: dict[str, Any] = {}
+    for name, execution in EXECUTIONS.items():
+        if not every and (execution.num_warps is not None or execution.maxnreg is not None):
+            continue
+        config = execution.config(base)
+        if config != ran:
+            out[name] = functools.partial(fast_topk, config=config)
+    return out
+
+
 def error_cases(device: torch.device) -> Sequence[ErrorCase]:
     """Bad inputs: each raises a typed error naming the argument, the expectation and the value."""
     num_rows, num_cols = 4, 600
@@ -477,4 +508,9 @@ COMPONENT = Component(
     bench_cases=bench_cases,
     fast_path=fast_path,
     oracle=oracle,
+    configs=configs,
+    # modes has no negative control here: the one torch baseline (masked_torch_topk) compiles to
+    # the same bits -- Inductor calls aten's topk (no lowering of its own unless
+    # config.triton.decompose_sort_ops) and its final sort orders distinct ints.
+    torch_op=ops.topk_subject,
 )

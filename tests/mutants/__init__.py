@@ -40,10 +40,12 @@ class Mutant:
         caught_by: the checks that must fail on the cpu-lane sweep.
         every_case: where given, every cpu case for which it is true must fail ``caught_by``
             (for the precision downgrades: every case of their dtype).
-        replaces: the component field the subject stands in for: ``fast``, or ``torch_op`` (the
-            operator the ``modes`` check runs); or ``lifecycle``: the subject is the component's
-            plan lifecycle (a server class), and ``caught_by`` names the lifecycle guards
-            (``tests/decode_plan_guards.py``) that must fail on it (:data:`LIFECYCLE_MUTANTS`).
+        replaces: the component field the subject stands in for: ``fast``, ``torch_op`` (the
+            operator the ``modes`` check runs), ``configs`` (the subject is a
+            ``configs(batch, lane)``: the executions ``config_equivalence`` runs); or
+            ``lifecycle``: the subject is the component's plan lifecycle (a server class), and
+            ``caught_by`` names the lifecycle guards (``tests/decode_plan_guards.py``) that must
+            fail on it (:data:`LIFECYCLE_MUTANTS`).
     """
 
     name: str
@@ -69,6 +71,15 @@ MUTANTS: tuple[Mutant, ...] = (
         kernels.topk_negative_zero_below_positive_zero,
         "the -0 -> +0 canonicalization of the key is dropped: -0 ranks below +0",
         ("agreement",),
+    ),
+    Mutant(
+        "topk_sign_scan_from_row_end",
+        "topk",
+        kernels.topk_sign_scan_from_row_end,
+        "the many-row kernel's packed scan runs from the row end: ties to the last columns, slots "
+        "counted from the end (an execution the launcher picks only above 64 rows)",
+        ("config_equivalence",),
+        replaces="configs",
     ),
     Mutant(
         "softmax_block_from_rows",

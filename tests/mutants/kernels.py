@@ -88,6 +88,33 @@ def topk_negative_zero_below_positive_zero() -> Callable[..., Any]:
     return _topk_subject(kernel)
 
 
+def topk_sign_scan_from_row_end() -> Callable[..., Any]:
+    """The component's ``configs`` with the "sign" kernel's packed scan run from the row end:
+    its ties go to the last columns and its slots count from the end (every store stays in the
+    row).  At <= 64 rows the launcher never runs that kernel, so only ``config_equivalence``
+    (which runs every execution on every case) can see it."""
+    from batchinv.harness.components import topk as topk_component
+
+    kernel = mutate(
+        topk_kernels,
+        "topk_sign_count_kernel",
+        "packed = tl.cumsum(above.to(tl.int32) + (tied.to(tl.int32) << 16), axis=0)  # inclusive",
+        "packed = tl.cumsum(above.to(tl.int32) + (tied.to(tl.int32) << 16), axis=0, reverse=True)",
+    )
+    mutated = with_kernel(topk_launcher, "topk_sign_count_kernel", kernel, topk_launcher.topk)
+
+    def configs(batch: Any, lane: Any) -> dict[str, Any]:
+        shipped = topk_component.configs(batch, lane)
+        return {
+            name: functools.partial(mutated, config=fn.keywords["config"])
+            if fn.keywords["config"].kernel == "sign"
+            else fn
+            for name, fn in shipped.items()
+        }
+
+    return configs
+
+
 # --- matmul -----------------------------------------------------------------------------------
 
 
