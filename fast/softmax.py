@@ -17,10 +17,11 @@ Two levels, and only the second may look at the number of rows:
   lanes' sum order-free on a fixed-point grid, and the output elementwise: the same bits by
   construction.  The execution table may therefore be keyed on the number of rows of the
   launch -- and it is allowed to ONLY because the registry's ``config_equivalence`` check runs
-  every execution the table can pick (and every tuning candidate) on every case of the sweep and
-  requires the shipped execution's bits (``harness/components/softmax.py``, ``configs``), and the
-  cpu lane's ``batch_prefix`` crosses the interpreter's row-count bucket.  A GPU entry ships only
-  after ``ci/tune_log_softmax.py`` has timed it and checked its bits on that GPU.
+  every execution the table can pick (:func:`equivalence_executions`) on every case of the
+  sweep and requires the shipped execution's bits (``harness/components/softmax.py``,
+  ``configs``), and the cpu lane's ``batch_prefix`` crosses the interpreter's row-count bucket.
+  A GPU entry ships only after ``ci/tune_log_softmax.py`` has timed it and checked its bits on
+  that GPU.
 """
 
 from __future__ import annotations
