@@ -13,6 +13,11 @@
   would run it: the lanes combined by a float ``tl.sum`` (the tutorial's reduction) and the column
   chunk sized from the number of rows by a production-style heuristic -- the choice the pinned
   launcher forbids.  Its reduction order changes with M on every lane, the interpreter included.
+* ``split_float_partials_*``: the negative control of ``config_equivalence``: a row split over
+  pass-1 programs whose combine adds each program's lanes as a float partial sum, then the
+  partials (what a split-row softmax does when it does not pin its sum).  The same split at
+  every M, so it is batch-invariant; but its association follows the split, and its bits are
+  not the pinned executions'.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import triton
 
 from batchinv.fast.device import arch, check_launch_device, sm_count
 from batchinv.fast.row_config import RowConfig
-from batchinv.fast.softmax import launch, softmax_config
+from batchinv.fast.softmax import Split, launch, softmax_config
 from batchinv.reference.softmax import check_softmax_args
 
 #: Widest chunk the row heuristic uses (columns).
@@ -105,3 +110,29 @@ def triton_rows_heuristic_log_softmax(
 ) -> torch.Tensor:
     """The log_softmax kernel with a float lane sum and a chunk width chosen from the number of rows."""
     return _rows_heuristic(x, dim, half_to_float, log=True)
+
+
+#: The split of the ``split_float_partials`` baselines: 4 pass-1 programs per row (the fewest
+#: lanes of any tile, 128 under the interpreter, still give 32 per program), hence 4 float
+#: partials; under the interpreter 64 rows per program and one write program (it pays per program).
+FLOAT_PARTIALS_SPLIT = Split(4, 4, 4, 1024, 16)
+FLOAT_PARTIALS_SPLIT_INTERP = Split(4, 1, 1, 128, 1, block_m=64)
+
+
+def _split_float_partials(x: torch.Tensor, dim: int, half_to_float: bool, log: bool) -> torch.Tensor:
+    out_dtype = check_softmax_args(x, dim, half_to_float)
+    check_launch_device("x", x)
+    split = FLOAT_PARTIALS_SPLIT_INTERP if arch(x.device) == "interp" else FLOAT_PARTIALS_SPLIT
+    return launch(x, out_dtype, log=log, execution=split, fixed_point=False, float_parts=split.programs)
+
+
+def split_float_partials_softmax(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> torch.Tensor:
+    """Softmax over a fixed 4-program split whose row sum is 4 float partials added (unpinned)."""
+    return _split_float_partials(x, dim, half_to_float, log=False)
+
+
+def split_float_partials_log_softmax(
+    x: torch.Tensor, dim: int = -1, half_to_float: bool = False
+) -> torch.Tensor:
+    """log_softmax over a fixed 4-program split whose row sum is 4 float partials added (unpinned)."""
+    return _split_float_partials(x, dim, half_to_float, log=True)

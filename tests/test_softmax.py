@@ -21,10 +21,13 @@ from hypothesis import strategies as st
 from launch_recorder import LaunchRecorder
 
 from batchinv.fast import softmax as fast_module
+from batchinv.fast.device import arch
 from batchinv.fast.row_config import RowConfig
 from batchinv.fast.softmax import SOFTMAX_TABLE, softmax_config
-from batchinv.fast.softmax_baselines import rows_heuristic_config
+from batchinv.fast.softmax_baselines import rows_heuristic_config, split_float_partials_log_softmax
 from batchinv.harness import bitpatterns as bp
+from batchinv.harness.checks import FAST as FAST_SUBJECT
+from batchinv.harness.checks import run_check
 from batchinv.harness.compare import compare_bitwise, compare_tolerance
 from batchinv.harness.components import log_softmax as log_component
 from batchinv.harness.components import softmax as component
@@ -91,23 +94,163 @@ def test_config_table_is_frozen_and_complete():
             assert config.block_n < vocab and config.block_m == 1, (dtype, vocab, config)
 
 
+_KERNELS = (
+    "softmax_kernel",
+    "softmax_split_lanes_kernel",
+    "softmax_split_combine_kernel",
+    "softmax_split_write_kernel",
+)
+
+
 @pytest.mark.cpu
 @pytest.mark.parametrize("n_cols", [100, 333, 1537])
 @pytest.mark.parametrize("log", [False, True])
 def test_launch_plan_is_the_same_at_every_batch_size(monkeypatch, n_cols, log):
-    """The launcher's constexprs (the reduction order) never change with M; only the grid does."""
-    recorder = LaunchRecorder()
-    monkeypatch.setattr(fast_module, "softmax_kernel", recorder)
+    """The tile (BLOCK_N, the reduction order) never changes with M.  The execution may -- the
+    execution table keys on the rows, and the interpreter's entry splits up to 8 rows -- but at
+    each M the launches are exactly those of the table's execution, the same plan at every M
+    that picks it; only the grids follow M."""
+    recorders = {name: LaunchRecorder() for name in _KERNELS}
+    for name, recorder in recorders.items():
+        monkeypatch.setattr(fast_module, name, recorder)
     x = torch.zeros(4096, n_cols, dtype=BF16)
     fn = fast_module.log_softmax if log else fast_module.softmax
-    sweep = m_sweep(Lane.SM90)
-    for m in sweep:
+    op = "log_softmax" if log else "softmax"
+    tile = softmax_config("interp", BF16, n_cols)
+    by_execution: dict[object, list[list[dict]]] = {}
+    for m in m_sweep(Lane.SM90):
+        before = {name: len(r.launches) for name, r in recorders.items()}
         fn(x[:m], half_to_float=True)
-    plans = recorder.plans()
-    assert len(plans) == len(sweep)
-    assert all(p == plans[0] for p in plans), plans
-    block_m = plans[0]["BLOCK_M"]
-    assert [launch["grid"] for launch in recorder.launches] == [(-(-m // block_m),) for m in sweep]
+        launches = [(n, r.launches[before[n] :]) for n, r in recorders.items()]
+        ex = fast_module.softmax_execution("interp", BF16, n_cols, m, op)
+        if isinstance(ex, fast_module.Split):
+            expected = [0, 1, int(ex.combine_once), 1]
+            tiles = -(-m // ex.block_m)
+            assert launches[1][1][0]["grid"] == (tiles, ex.programs)
+        else:
+            expected = [1, 0, 0, 0]
+            assert launches[0][1][0]["grid"] == (-(-m // tile.block_m),)
+        assert [len(calls) for _, calls in launches] == expected, (m, ex)
+        plan = [[{k: v for k, v in c.items() if k != "grid"} for c in calls] for _, calls in launches]
+        assert all(c["BLOCK_N"] == tile.block_n for calls in plan for c in calls), (m, plan)
+        by_execution.setdefault(ex, []).append(plan)
+    assert set(by_execution) == {fast_module.TILED, fast_module._INTERP_SPLIT}  # the bucket is crossed
+    for plans in by_execution.values():
+        assert all(p == plans[0] for p in plans), plans
+
+
+def test_config_equivalence_runs_every_execution_the_table_can_pick(monkeypatch):
+    """The execution table may key on the rows only because config_equivalence proves each of
+    its executions: the component's configs hold every one the table can pick for a batch's
+    (arch, dtype, row length), whatever the batch's row count -- a GPU entry shipped later
+    included (planted here) -- and each is valid for the tile (it divides ``block_n``); no
+    execution carries a ``block_n`` of its own."""
+    shipped = fast_module.GPU_SPLIT_16BIT[2]
+    table = dict(fast_module.EXECUTION_TABLE)
+    table[("gpu", BF16, "log_softmax")] = (fast_module.ExecutionRule(64, 32000, shipped),)
+    monkeypatch.setattr(fast_module, "EXECUTION_TABLE", table)
+    for arch_name, n_cols in (("sm90", 129280), ("interp", 333), ("interp", 1537)):
+        for op in ("softmax", "log_softmax"):
+            for dtype in (F32, BF16, F16):
+                found = fast_module.equivalence_executions(arch_name, dtype, n_cols, op)
+                for rows in (1, 7, 8, 9, 64, 65, 4096):
+                    picked = fast_module.softmax_execution(arch_name, dtype, n_cols, rows, op)
+                    assert picked in found, (arch_name, n_cols, op, dtype, rows, picked)
+                for ex in found:
+                    if isinstance(ex, fast_module.Split):
+                        ex.lanes(softmax_config(arch_name, dtype, n_cols))  # divides block_n
+                    assert not hasattr(ex, "block_n")
+    assert shipped in fast_module.equivalence_executions("sm90", BF16, 129280, "log_softmax")
+    assert shipped not in fast_module.equivalence_executions("sm90", BF16, 129280, "softmax")
+    # the component's configs are those executions, less the one the batch ran
+    x = torch.zeros(3, 333)
+    batch = Batch({"x": x}, {"dim": -1, "half_to_float": False})
+    names = set(log_component.COMPONENT.configs(batch, Lane.CPU))
+    ran = fast_module.softmax_execution("interp", F32, 333, 3, "log_softmax")
+    assert names == {
+        ex.name for ex in fast_module.equivalence_executions("interp", F32, 333, "log_softmax")
+    } - {ran.name}
+    assert fast_module.TILED.name in names and isinstance(ran, fast_module.Split)
+
+
+def test_split_config_validation():
+    with pytest.raises(ValueError, match="programs"):
+        fast_module.Split(3, 1, 1, 64, 1)
+    with pytest.raises(ValueError, match="write_n"):
+        fast_module.Split(2, 1, 1, 100, 1)
+    with pytest.raises(ValueError, match="write_programs"):
+        fast_module.Split(2, 1, 0, 64, 1)
+    with pytest.raises(ValueError, match="stages"):
+        fast_module.Tiled(stages=0)
+    with pytest.raises(ValueError, match="does not divide block_n"):
+        fast_module.Split(16, 1, 1, 64, 1).lanes(RowConfig(1, 8, 1))
+
+
+def _special_rows(n_cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows that each end in another class: finite, a NaN, a +inf, all -inf, one finite, a
+    +max_normal among -inf, and the finite values' tail in the last, masked chunk."""
+    gen = torch.Generator().manual_seed(17)
+    x = (torch.randn(7, n_cols, generator=gen) * 4).to(dtype)
+    x[1, n_cols // 3] = bp.pattern(dtype, "+quiet_nan").tensor()
+    x[2, n_cols - 1] = INF
+    x[3] = -INF
+    x[4] = -INF
+    x[4, n_cols - 2] = 1.5
+    x[5, ::2] = -INF
+    x[5, 7] = bp.pattern(dtype, "+max_normal").tensor() if dtype != F16 else 2.0**15
+    x[6, -5:] = 30.0  # the maximum in the last chunk
+    return x
+
+
+@any_lane
+@pytest.mark.parametrize(
+    ("name", "dtype", "half_to_float"),
+    [("log_softmax", F32, False), ("softmax", BF16, True), ("log_softmax", F16, False)],
+)
+def test_every_execution_gives_the_tiled_bits(name, dtype, half_to_float):
+    """A vocabulary-path row (one row per tile) split over 1, 2 or 4 pass-1 programs and 1 to 3
+    write programs (GPUs: 16 and 16), with and without the combine kernel, gives the bits of one
+    program per row,
+    special rows and a strided, padded view included (config_equivalence runs the same on every
+    case of the sweep; this adds the long-row tile, block_n 512 under the interpreter, four
+    chunks whose last is partial, and a group of 3 that runs past the row's end)."""
+    x = _special_rows(1537, dtype).to(DEVICE)
+    log = name == "log_softmax"
+    # what config_equivalence runs: on the interpreter every candidate, on GPUs the table's and
+    # the first split (ci/tune_log_softmax.py checks the other GPU candidates' bits)
+    candidates = fast_module.equivalence_executions(arch(x.device), dtype, 1537, name)
+    assert sum(isinstance(ex, fast_module.Split) for ex in candidates) >= (1 if LANE.is_gpu else 3)
+    padded = torch.full((7, 1600), NAN, dtype=dtype, device=DEVICE)
+    padded[:, :1537] = x
+    for view in (x, padded[:, :1537]) if dtype == F32 else (x,):  # the interpreter pays per program
+        expected = fast_module.with_execution(view, -1, half_to_float, log=log, execution=fast_module.TILED)
+        for ex in candidates:
+            got = fast_module.with_execution(view, -1, half_to_float, log=log, execution=ex)
+            report = compare_bitwise(expected, got)
+            assert report.equal, f"{ex.name}: {report}"
+    out = FAST[name](x, -1, half_to_float).float()
+    assert torch.isnan(out[1:4]).all() and not torch.isnan(out[[0, 4, 5, 6]]).any()
+
+
+@pytest.mark.cpu
+def test_config_equivalence_names_a_split_with_a_float_sum():
+    """The check's teeth on this component: the split whose sum is 4 float partials (the
+    ``split_float_partials`` baseline's execution) planted among the declared executions fails
+    config_equivalence, named; the declared ones pass."""
+    comp = log_component.COMPONENT
+    case = comp.cases(Lane.CPU)[0]
+    assert run_check(comp, FAST_SUBJECT, "config_equivalence", case, Lane.CPU).status == "pass"
+    declared = comp.configs
+    assert declared is not None
+
+    def planted(batch, lane):
+        return {**declared(batch, lane), "planted float partials": split_float_partials_log_softmax}
+
+    result = run_check(
+        dataclasses.replace(comp, configs=planted), FAST_SUBJECT, "config_equivalence", case, Lane.CPU
+    )
+    assert result.status == "fail"
+    assert result.where == ["config planted float partials"], result.where
 
 
 def test_the_rows_heuristic_baseline_does_key_on_rows():

@@ -10,6 +10,7 @@ from __future__ import annotations
 from batchinv.fast import ops
 from batchinv.fast.softmax import log_softmax as fast_log_softmax
 from batchinv.fast.softmax_baselines import (
+    split_float_partials_log_softmax,
     torch_log_softmax_unchecked,
     torch_native_log_softmax,
     torch_sum_log_softmax,
@@ -21,6 +22,7 @@ from batchinv.harness.components.softmax import (
     bench_cases_for,
     build,
     cases_for,
+    configs_for,
     error_cases_for,
     justification,
     log_softmax_bound,
@@ -44,6 +46,7 @@ COMPONENT = Component(
         torch_sum_log_softmax,
         triton_rows_heuristic_log_softmax,
         torch_log_softmax_unchecked,
+        split_float_partials_log_softmax,
     ),
     cases=lambda lane: cases_for(NAME, lane, short=True),
     build=build,
@@ -55,4 +58,5 @@ COMPONENT = Component(
     strategy=lambda lane, device: strategy_for(NAME, lane, device),
     bench_cases=lambda lane: bench_cases_for(NAME, lane, vocabs=(151936,)),
     torch_op=ops.log_softmax_subject,
+    configs=configs_for(NAME),
 )

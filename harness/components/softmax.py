@@ -14,6 +14,7 @@ pinned reduction's depth (see :func:`softmax_bound`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,9 +23,16 @@ import torch
 
 from batchinv.fast import ops
 from batchinv.fast.device import arch
-from batchinv.fast.softmax import reduction_depth, softmax_config
+from batchinv.fast.softmax import (
+    equivalence_executions,
+    reduction_depth,
+    softmax_config,
+    softmax_execution,
+    with_execution,
+)
 from batchinv.fast.softmax import softmax as fast_softmax
 from batchinv.fast.softmax_baselines import (
+    split_float_partials_softmax,
     torch_native_softmax,
     torch_softmax_unchecked,
     torch_sum_softmax,
@@ -502,6 +510,35 @@ def strategy_for(name: str, lane: Lane, device: torch.device) -> Any:
     return batches()
 
 
+# --- config_equivalence ----------------------------------------------------------------------
+
+
+def configs_for(name: str) -> Callable[[Batch, Lane], dict[str, Any]]:
+    """``Component.configs`` of ``softmax`` / ``log_softmax``: every execution the launcher may
+    pick for the batch's (arch, dtype, row length) -- at any row count, since the execution
+    table keys on it -- except the one the shipped launch ran on this batch; under the
+    interpreter also every tuning candidate, on GPU lanes the first split candidate
+    (:func:`batchinv.fast.softmax.equivalence_executions`).  Each keeps the table's tile
+    (``block_n``, the reduction order).  On the cpu lane they split rows over 1, 2 and 4 pass-1
+    programs and 1 to 3 write programs, with and without a combine kernel."""
+    log = name == "log_softmax"
+
+    def configs(batch: Batch, lane: Lane) -> dict[str, Any]:
+        del lane  # the executions follow the device the batch is on
+        x = batch.rows["x"]
+        n_cols = x.shape[-1]
+        num_rows = x.numel() // n_cols if n_cols else 0
+        arch_name = arch(x.device)
+        ran = softmax_execution(arch_name, x.dtype, n_cols, num_rows, name)
+        return {
+            ex.name: functools.partial(with_execution, log=log, execution=ex)
+            for ex in equivalence_executions(arch_name, x.dtype, n_cols, name)
+            if ex != ran
+        }
+
+    return configs
+
+
 # --- the registry entry -----------------------------------------------------------------------
 
 
@@ -511,6 +548,7 @@ def baselines_for(
     summed: Callable[..., Any],
     heuristic: Callable[..., Any],
     native_unchecked: Callable[..., Any],
+    float_partials: Callable[..., Any],
 ) -> tuple[Baseline, ...]:
     return (
         Baseline(
@@ -541,6 +579,15 @@ def baselines_for(
             "when rows < SMs, the table's chunk otherwise): the reduction order changes with M",
             expected_to_vary_on=ALL_LANES,
         ),
+        Baseline(
+            "split_float_partials",
+            float_partials,
+            "config_equivalence's negative control: each row split over 4 pass-1 programs (at every "
+            "M: batch-invariant) whose combine adds each program's lanes as a float partial sum, "
+            "then the 4 partials -- a non-exact sum associated by the split, unlike the pinned "
+            "executions' fixed-point sum; config_equivalence compares it with them",
+            expected_to_vary_on=ALL_LANES,
+        ),
     )
 
 
@@ -555,6 +602,7 @@ COMPONENT = Component(
         torch_sum_softmax,
         triton_rows_heuristic_softmax,
         torch_softmax_unchecked,
+        split_float_partials_softmax,
     ),
     cases=lambda lane: cases_for(NAME, lane),
     build=build,
@@ -566,4 +614,5 @@ COMPONENT = Component(
     strategy=lambda lane, device: strategy_for(NAME, lane, device),
     bench_cases=lambda lane: bench_cases_for(NAME, lane),
     torch_op=ops.softmax_subject,
+    configs=configs_for(NAME),
 )

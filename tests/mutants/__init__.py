@@ -89,6 +89,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("batch_prefix",),
     ),
     Mutant(
+        "softmax_split_float_lane_sum",
+        "softmax",
+        kernels.softmax_split_float_lane_sum,
+        "the split execution (the few-row bucket) adds a row's lanes with a float tl.sum instead of "
+        "the fixed-point grid: 1 or 2 rows, split, get other bits than in a larger, tiled launch",
+        ("batch_prefix",),
+    ),
+    Mutant(
         "softmax_without_max_subtraction",
         "softmax",
         kernels.softmax_without_max_subtraction,

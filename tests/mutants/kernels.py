@@ -168,13 +168,17 @@ def matmul_block_k_from_rows() -> Callable[..., Any]:
 
 
 def softmax_without_max_subtraction() -> Callable[..., Any]:
-    kernel = mutate(
-        softmax_kernels,
-        "softmax_kernel",
-        "y = tl.exp(x - row_max) / row_sum",
-        "y = tl.exp(x) / (row_sum * tl.exp(row_max))",
-    )
-    return with_kernel(softmax_launcher, "softmax_kernel", kernel, softmax_launcher.softmax)
+    subject = softmax_launcher.softmax
+    for entry in ("softmax_kernel", "softmax_split_write_kernel"):  # both write through _output
+        kernel = mutate(
+            softmax_kernels,
+            "_output",
+            "y = tl.exp(x - row_max) / row_sum",
+            "y = tl.exp(x) / (row_sum * tl.exp(row_max))",
+            entry=entry,
+        )
+        subject = with_kernel(softmax_launcher, entry, kernel, subject)
+    return subject
 
 
 def _halve_block_n_below_8_rows(config: Any, num_rows: int) -> Any:
@@ -190,6 +194,16 @@ def softmax_block_from_rows() -> Callable[..., Any]:
         entry="softmax",
         extra_globals={"halve_block_n_below_8_rows": _halve_block_n_below_8_rows},
     )
+
+
+def softmax_split_float_lane_sum() -> Callable[..., Any]:
+    kernel = mutate(
+        softmax_kernels,
+        "softmax_split_write_kernel",
+        "row_max, row_sum, log_sum = _row_stats(m, s, FIXED_POINT, FLOAT_PARTS)",
+        "row_max, row_sum, log_sum = _row_stats(m, s, False, FLOAT_PARTS)",
+    )
+    return with_kernel(softmax_launcher, "softmax_split_write_kernel", kernel, softmax_launcher.softmax)
 
 
 # --- mean -------------------------------------------------------------------------------------
