@@ -56,7 +56,9 @@ COMPONENT = Component(
     dtypes=DTYPES,
     error_cases=error_cases_for,
     strategy=lambda lane, device: strategy_for(NAME, lane, device),
-    bench_cases=lambda lane: bench_cases_for(NAME, lane, vocabs=(151936,)),
+    bench_cases=lambda lane: bench_cases_for(
+        NAME, lane, vocabs=(32000, 129280, 151936), rows=(1, 16, 64, 256, 1024)
+    ),
     torch_op=ops.log_softmax_subject,
     configs=configs_for(NAME),
 )

@@ -341,15 +341,20 @@ def cases_for(name: str, lane: Lane, *, short: bool = False) -> list[Case]:
     return gpu[:6] if short else gpu
 
 
-def bench_cases_for(name: str, lane: Lane, vocabs: Sequence[int] = (128256, 151936)) -> list[Case]:
-    """``batchinv bench`` points: vocabularies x bf16/fp32 x num_rows (GPU lanes only)."""
+def bench_cases_for(
+    name: str,
+    lane: Lane,
+    vocabs: Sequence[int] = (128256, 151936),
+    rows: Sequence[int] = (1, 16, 128, 256, 1024),
+) -> list[Case]:
+    """``batchinv bench`` points: vocabularies x bf16/fp32 x ``rows`` (GPU lanes only)."""
     if not lane.is_gpu:
         return []
     return [
-        make_case(name, (rows, vocab), dtype, "normal")
+        make_case(name, (num_rows, vocab), dtype, "normal")
         for vocab in vocabs
         for dtype in ("bfloat16", "float32")
-        for rows in (1, 16, 128, 256, 1024)
+        for num_rows in rows
     ]
 
 

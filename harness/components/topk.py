@@ -315,9 +315,13 @@ def cases(lane: Lane) -> Sequence[Case]:
 
 
 def bench_cases(lane: Lane) -> Sequence[Case]:
-    """``batchinv bench topk``: num_rows in {1, 8, 64, 1024}, num_cols 8192, k in {512, 2048};
-    decode-like rows (distinct scores, full windows)."""
-    return [make_case(m, 8192, k, rows="normal", seed=m + k) for k in (512, 2048) for m in (1, 8, 64, 1024)]
+    """``batchinv bench topk``: num_rows in {1, 64, 256, 1024, 4096}, num_cols 8192, k in
+    {512, 1024, 2048} (issue 11's cells); decode-like rows (distinct scores, full windows)."""
+    return [
+        make_case(m, 8192, k, rows="normal", seed=m + k)
+        for k in (512, 1024, 2048)
+        for m in (1, 64, 256, 1024, 4096)
+    ]
 
 
 def configs(batch: Batch, lane: Lane) -> dict[str, Any]:
