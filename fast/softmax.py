@@ -230,6 +230,11 @@ INTERP_CANDIDATES: Final = (
 )
 
 
+_GPU_16BIT_LOG_SOFTMAX: Final = (
+    ExecutionRule(16, 32000, GPU_SPLIT_16BIT[1]),
+    ExecutionRule(1 << 62, 32000, Tiled(group=2)),
+)
+
 # The execution table: which programs run the tile's reduction, keyed on (arch family, dtype,
 # op) and, per rule, on the launch's number of rows and the row length.  The row key is allowed
 # ONLY because every execution gives the same bits (see the module docstring; config_equivalence
@@ -240,9 +245,13 @@ INTERP_CANDIDATES: Final = (
 #     ("gpu", torch.bfloat16, "log_softmax"): (ExecutionRule(64, 32000, GPU_SPLIT_16BIT[0]),),
 EXECUTION_TABLE: Final[Mapping[tuple[str, torch.dtype, str], tuple[ExecutionRule, ...]]] = MappingProxyType(
     {
-        ("gpu", torch.float32, "log_softmax"): (),
-        ("gpu", torch.bfloat16, "log_softmax"): (),
-        ("gpu", torch.float16, "log_softmax"): (),
+        # H200 run 32 (ci/tune_log_softmax.py, bits equal to the shipped launch's everywhere):
+        # bf16 at 1-16 rows split over 32 programs (0.56-1.12x torch at 32000 / 129280 columns,
+        # tiled 1.16-1.20x); the 2-chunk group from 17 rows (0.81-1.21x, tiled 0.82-1.23x);
+        # fp32 split at one row (0.85-0.90x, measured at one row only).  fp16 as bf16 (same bytes).
+        ("gpu", torch.float32, "log_softmax"): (ExecutionRule(1, 32000, GPU_SPLIT_32BIT[3]),),
+        ("gpu", torch.bfloat16, "log_softmax"): _GPU_16BIT_LOG_SOFTMAX,
+        ("gpu", torch.float16, "log_softmax"): _GPU_16BIT_LOG_SOFTMAX,
         ("gpu", torch.float32, "softmax"): (),
         ("gpu", torch.bfloat16, "softmax"): (),
         ("gpu", torch.float16, "softmax"): (),
