@@ -520,7 +520,7 @@ def configs_for(name: str) -> Callable[[Batch, Lane], dict[str, Any]]:
     interpreter also every tuning candidate, on GPU lanes the first split candidate
     (:func:`batchinv.fast.softmax.equivalence_executions`).  Each keeps the table's tile
     (``block_n``, the reduction order).  On the cpu lane they split rows over 1, 2 and 4 pass-1
-    programs and 1 to 3 write programs, with and without a combine kernel."""
+    programs and 1, 2 and 3 write programs, with and without a combine kernel."""
     log = name == "log_softmax"
 
     def configs(batch: Batch, lane: Lane) -> dict[str, Any]:
