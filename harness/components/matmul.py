@@ -460,6 +460,7 @@ COMPONENT = Component(
             "association of each fp32 sum under the interpreter; identical bits on the H200, 2026-11-30: dots "
             "add their k-steps in order whatever the tile)",
             expected_to_vary_on=frozenset({Lane.CPU}),
+            config_control=True,
         ),
         Baseline(
             "two_k_slices",
@@ -467,6 +468,7 @@ COMPONENT = Component(
             "config_equivalence's negative control on every lane: K always in two slices whose fp32 partials "
             "are added after (batch-invariant, another summation tree)",
             expected_to_vary_on=ALL_LANES,
+            config_control=True,
         ),
         # The :0:0 + cuBLASLt recipe is not swept: it crashes ("OOM trying to allocate workspace
         # for cublaslt") on every case without a bias, and a crashing baseline fails the sweep.

@@ -587,6 +587,7 @@ def baselines_for(
             "then the 4 partials -- a non-exact sum associated by the split, unlike the pinned "
             "executions' fixed-point sum; config_equivalence compares it with them",
             expected_to_vary_on=ALL_LANES,
+            config_control=True,
         ),
     )
 
