@@ -189,11 +189,12 @@ class ExecutionRule:
     execution: Execution
 
 
-#: The interpreter's few-row execution (launches of up to 8 rows): rows split over two pass-1
-#: programs and two write programs.  It mirrors a GPU's few-row bucket so that the cpu lane's
-#: sweep crosses a row-count boundary (batch_prefix compares launches of 1 to 8 rows, split,
-#: with the larger ones, tiled) and the mutants run it.
-_INTERP_SPLIT: Final = Split(2, 1, 2, 128, 1, group=2, block_m=64)
+#: The interpreter's few-row execution (launches of up to 8 rows): each row's lanes split over
+#: two pass-1 programs, one write program (the interpreter pays per program: it costs about what
+#: the tiled kernel does).  It mirrors a GPU's few-row bucket so that the cpu lane's sweep crosses
+#: a row-count boundary (batch_prefix compares launches of 1 to 8 rows, split, with the larger
+#: ones, tiled) and the mutants run it.
+_INTERP_SPLIT: Final = Split(2, 1, 1, 128, 1, group=2, block_m=64)
 
 #: GPU candidates for vocabulary rows (more than 1024 columns: one-row tiles), 16-bit inputs
 #: (block_n 8192, so a 129280-column row has 16 chunks).  At one row a tiled program walks those
@@ -220,12 +221,13 @@ GPU_SPLIT_32BIT: Final = (
 )
 #: Tiled candidates (every row length): more loads in flight in the one-program kernel.
 TILED_CANDIDATES: Final = (Tiled(stages=2), Tiled(stages=3), Tiled(group=2))
-#: The interpreter's candidates (every row length): splits by 2 and 4 programs, a combine kernel
-#: or not, an odd group (a group past the row's end is masked), two write spans.
+#: The interpreter's candidates (every row length): pass 1 over 1, 2 or 4 programs, the write
+#: over 1, 2 or 3 (each combining the row, or after a combine kernel), an odd group (a group past
+#: the row's end is masked), write steps of 32 to 128 columns.
 INTERP_CANDIDATES: Final = (
     _INTERP_SPLIT,
     Split(4, 1, 3, 32, 1, group=3, combine_once=True, block_m=64),
-    Split(1, 1, 1, 128, 1, block_m=64),
+    Split(1, 1, 2, 64, 1, block_m=64),
     Tiled(group=3, stages=2),
 )
 

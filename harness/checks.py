@@ -308,6 +308,14 @@ def _run(
             result.status = "skip"
             result.detail = "the component's configs are executions of its own kernel, not the subject's"
             return
+        baseline = _baseline_of(component, subject)
+        if baseline is not None and not baseline.config_control:
+            result.status = "skip"
+            result.detail = (
+                "not a config of the component's kernel (Baseline.config_control): its bits differ from "
+                "the configs' by construction, which is no variance"
+            )
+            return
         driver = invariance.config_equivalence(call, batch, _config_calls(component, batch, lane))
     elif check == "modes":
         fn = view.modes

@@ -169,6 +169,12 @@ class Baseline:
             them), which the ``modes`` check runs eager, compiled and in a CUDA graph: a torch
             path whose compiled kernels may differ from its eager ones, the negative control of
             ``modes``.  None: the check skips this baseline.
+        config_control: the baseline is the component's own kernel under another config (another
+            BLOCK_K, a split sum): the negative control of ``config_equivalence``, which compares
+            it with the component's configs.  False: the check skips this baseline -- its bits
+            differ from the pinned kernel's by construction (another library, another formula),
+            which is no variance, and a detection there would hide the check that finds its real
+            one.
     """
 
     name: str
@@ -180,6 +186,7 @@ class Baseline:
     accepts_partition: bool = False
     timed: bool = True
     modes: Callable[..., Any] | None = None
+    config_control: bool = False
 
     @property
     def is_pin_candidate(self) -> bool:
@@ -400,9 +407,10 @@ class Component:
             the batch and requires the subject's bits (the shipped launch's, for ``fast``).
             Only configs that are *supposed* to be equivalent belong here (the same reduction
             order: e.g. the same BLOCK_K).  Its negative control reuses the baseline machinery:
-            a :class:`Baseline` whose ``fn`` is the launcher pinned to a config with another
-            reduction order (another BLOCK_K) must be detected by ``config_equivalence``
-            (``checks.negative_control`` raises ``VarianceDetected`` naming the config).
+            a :class:`Baseline` with ``config_control=True`` whose ``fn`` is the launcher pinned
+            to a config with another reduction order (another BLOCK_K) must be detected by
+            ``config_equivalence`` (``checks.negative_control`` raises ``VarianceDetected``
+            naming the config); the check skips the other baselines.
             None: the component has one execution; the check does not apply.
     """
 

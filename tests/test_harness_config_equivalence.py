@@ -86,3 +86,18 @@ def test_the_check_applies_only_to_components_declaring_configs():
     for comp in components():
         assert ("config_equivalence" in comp.applicable_checks()) == (comp.configs is not None), comp.name
     assert "config_equivalence" in get("matmul").applicable_checks()
+
+
+def test_only_config_control_baselines_are_compared_with_the_configs():
+    """A baseline that is another library or formula differs from the pinned kernel's configs by
+    construction: config_equivalence skips it (else that would be reported as its variance and
+    stop its negative control before the check that finds the real one); a config control (the
+    kernel under a config with another summation) is compared and fails, named."""
+    comp = get("log_softmax")
+    case = comp.cases(Lane.CPU)[0]
+    assert not comp.baseline("torch_sum").config_control
+    other = run_check(comp, "torch_sum", "config_equivalence", case, Lane.CPU)
+    assert other.status == "skip" and "config_control" in other.detail
+    control = run_check(comp, "split_float_partials", "config_equivalence", case, Lane.CPU)
+    assert control.status == "fail" and control.where and all(w.startswith("config ") for w in control.where)
+    assert {b.name for b in get("matmul").baselines if b.config_control} == {"other_block_k", "two_k_slices"}

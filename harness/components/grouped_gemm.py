@@ -467,6 +467,7 @@ COMPONENT = Component(
             "config_equivalence's negative control: the table's config with half its BLOCK_K (another "
             "association of each fp32 sum on the interpreter; identical bits on the H200)",
             expected_to_vary_on=CPU_ONLY,
+            config_control=True,
         ),
         Baseline(
             "two_k_slices",
@@ -474,6 +475,7 @@ COMPONENT = Component(
             "config_equivalence's negative control on every lane: K always cut in two slices whose fp32 "
             "partials are added after (batch-invariant, but another summation tree)",
             expected_to_vary_on=ALL_LANES,
+            config_control=True,
         ),
     ),
     cases=cases,

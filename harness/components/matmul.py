@@ -507,6 +507,7 @@ COMPONENT = Component(
             "add their k-steps in order whatever the tile)",
             expected_to_vary_on=frozenset({Lane.CPU}),
             timed=False,  # a config_equivalence control, not a production speed baseline
+            config_control=True,
         ),
         Baseline(
             "other_chunk_k",
@@ -516,6 +517,7 @@ COMPONENT = Component(
             "association of the chunk sums",
             expected_to_vary_on=ALL_LANES,
             timed=False,  # a config_equivalence control, not a production speed baseline
+            config_control=True,
         ),
         Baseline(
             "two_k_slices",
@@ -524,6 +526,7 @@ COMPONENT = Component(
             "are added after (batch-invariant, another summation tree)",
             expected_to_vary_on=ALL_LANES,
             timed=False,  # a config_equivalence control, not a production speed baseline
+            config_control=True,
         ),
         # The :0:0 + cuBLASLt recipe is not swept: it crashes ("OOM trying to allocate workspace
         # for cublaslt") on every case without a bias, and a crashing baseline fails the sweep.

@@ -525,7 +525,7 @@ def configs_for(name: str) -> Callable[[Batch, Lane], dict[str, Any]]:
     interpreter also every tuning candidate, on GPU lanes the first split candidate
     (:func:`batchinv.fast.softmax.equivalence_executions`).  Each keeps the table's tile
     (``block_n``, the reduction order).  On the cpu lane they split rows over 1, 2 and 4 pass-1
-    programs and 1 to 3 write programs, with and without a combine kernel."""
+    programs and 1, 2 and 3 write programs, with and without a combine kernel."""
     log = name == "log_softmax"
 
     def configs(batch: Batch, lane: Lane) -> dict[str, Any]:
@@ -592,6 +592,7 @@ def baselines_for(
             "then the 4 partials -- a non-exact sum associated by the split, unlike the pinned "
             "executions' fixed-point sum; config_equivalence compares it with them",
             expected_to_vary_on=ALL_LANES,
+            config_control=True,
         ),
     )
 
