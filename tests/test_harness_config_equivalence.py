@@ -100,4 +100,8 @@ def test_only_config_control_baselines_are_compared_with_the_configs():
     assert other.status == "skip" and "config_control" in other.detail
     control = run_check(comp, "split_float_partials", "config_equivalence", case, Lane.CPU)
     assert control.status == "fail" and control.where and all(w.startswith("config ") for w in control.where)
-    assert {b.name for b in get("matmul").baselines if b.config_control} == {"other_block_k", "two_k_slices"}
+    assert {b.name for b in get("matmul").baselines if b.config_control} == {
+        "other_block_k",
+        "other_chunk_k",
+        "two_k_slices",
+    }
