@@ -62,17 +62,23 @@ def torch_default(
     Not batch-invariant on GPUs (cuBLAS picks its algorithm per M).
     """
     args = validate(x, weight, bias, layout, out_dtype, precision)
-    apply_preferred_blas()
     compute = args.out_dtype if args.out_dtype == torch.float32 else x.dtype
+    return _torch_product(x, weight, bias, layout, compute).to(args.out_dtype)
+
+
+def _torch_product(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layout: str, compute: torch.dtype
+) -> torch.Tensor:
+    """``F.linear`` (layout "linear") or ``torch.mm`` / ``addmm`` (layout "mm") of the operands
+    converted to ``compute``, under ``$BATCHINV_PREFERRED_BLAS``."""
+    apply_preferred_blas()
     xc, wc = x.to(compute), weight.to(compute)
     bc = bias.to(compute) if bias is not None else None
     if layout == "linear":
-        out = F.linear(xc, wc, bc)
-    elif bc is not None:
-        out = torch.addmm(bc, xc, wc)
-    else:
-        out = torch.mm(xc, wc)
-    return out.to(args.out_dtype)
+        return F.linear(xc, wc, bc)
+    if bc is not None:
+        return torch.addmm(bc, xc, wc)
+    return torch.mm(xc, wc)
 
 
 def torch_then_cast(
@@ -89,15 +95,7 @@ def torch_then_cast(
     logits carry a bf16 rounding).  TF32 follows PyTorch's setting (off by default).  Not
     batch-invariant on GPUs (cuBLAS picks its algorithm per M)."""
     args = validate(x, weight, bias, layout, out_dtype, precision)
-    apply_preferred_blas()
-    bias = bias.to(x.dtype) if bias is not None else None
-    if layout == "linear":
-        out = F.linear(x, weight, bias)
-    elif bias is not None:
-        out = torch.addmm(bias, x, weight)
-    else:
-        out = torch.mm(x, weight)
-    return out.to(args.out_dtype)
+    return _torch_product(x, weight, bias, layout, x.dtype).to(args.out_dtype)
 
 
 #: Split-K tiles: fixed (the variance comes from the split count, not the tile).
