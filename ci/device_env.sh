@@ -7,3 +7,12 @@ device_env() {
       "$py" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
     } >"$out/env.txt" 2>&1
 }
+
+# `timed NAME CAP CMD...`: run CMD with a wall-clock cap of CAP seconds, its output in
+# $OUT/NAME.log, and append "step NAME: rc=... in ...s" to $OUT/steps.txt (and print it).
+timed() {
+    local name=$1 cap=$2; shift 2; local t0; t0=$(date +%s%N)
+    timeout --signal=INT --kill-after=20 "$cap" "$@" >"$OUT/$name.log" 2>&1; local rc=$?
+    local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    echo "step $name: rc=$rc in $((ms / 1000)).$(printf '%03d' $((ms % 1000)))s (cap ${cap}s)" | tee -a "$OUT/steps.txt"
+}

@@ -7,12 +7,6 @@ cd "$(dirname "$0")/.."
 OUT=${1:-out}; BENCH=${2:-}; mkdir -p "$OUT"; export PYTHONUNBUFFERED=1 COLUMNS=200
 . ci/device_env.sh; device_env "$OUT" python3
 rm -rf ~/.triton/cache .stamp-python3
-timed() {  # timed NAME CAP CMD...
-    local name=$1 cap=$2; shift 2; local t0; t0=$(date +%s%N)
-    timeout --signal=INT --kill-after=20 "$cap" "$@" >"$OUT/$name.log" 2>&1; local rc=$?
-    local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-    echo "step $name: rc=$rc in $((ms / 1000)).$(printf '%03d' $((ms % 1000)))s (cap ${cap}s)" | tee -a "$OUT/steps.txt"
-}
 timed sweep-cold 240 make sweep PY=python3 SWEEP_ARGS="--no-progress --report $OUT/sweep-cold.jsonl"
 timed pytest 300 make test PY=python3 PYTEST_ARGS="-n auto --dist loadgroup -q -p no:cacheprovider -rfEx"
 if [ -n "$BENCH" ]; then timed bench 150 python3 -m batchinv.harness.cli bench $BENCH --reps 20 --out "$OUT/bench"; fi

@@ -7,12 +7,6 @@ cd "$(dirname "$0")/.."
 OUT=${1:-out}; shift || true; mkdir -p "$OUT"
 . ci/device_env.sh; device_env "$OUT" python3
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || true
-timed() {  # timed NAME CAP CMD...
-    local name=$1 cap=$2; shift 2; local t0; t0=$(date +%s%N)
-    timeout --signal=INT --kill-after=20 "$cap" "$@" >"$OUT/$name.log" 2>&1; local rc=$?
-    local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-    echo "step $name: rc=$rc in $((ms / 1000)).$(printf '%03d' $((ms % 1000)))s (cap ${cap}s)" | tee -a "$OUT/steps.txt"
-}
 timed tune-matmul 330 python3 ci/tune_matmul.py "$OUT"
 for script in "$@"; do timed "$(basename "$script" .py)" 150 python3 "$script" "$OUT"; done
 timed sweep-matmul 150 python3 -m batchinv.harness.cli sweep matmul --no-progress --report "$OUT/sweep-matmul.jsonl"
