@@ -18,8 +18,9 @@ Operators (``torch.ops.batchinv``):
 * ``topk(scores, row_starts, row_ends, k)`` -- :func:`batchinv.fast.topk.topk` (the indexer top-k)
 
 The arguments and their errors are the functions' (a dim other than the last raises their
-ArgumentError).  :data:`SUBJECTS` gives each operator with its component's fast signature (the
-registry check ``modes`` runs it eager, compiled and in a CUDA graph).
+ArgumentError).  The ``*_subject`` functions below give each operator with its component's fast
+signature; they are the components' ``torch_op`` (the registry check ``modes`` runs them eager,
+compiled and in a CUDA graph).
 
 Inference only: the kernels carry no autograd formula, so a call that needs a gradient raises
 (torch's own error, at trace time under ``torch.compile``).  :data:`RUNTIME_CALLS` counts the
