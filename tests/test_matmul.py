@@ -112,6 +112,8 @@ def test_tree_table_rows_as_documented():
         lambda: matmul_config.Execution(24, 64),
         lambda: matmul_config.Execution(16, 64, num_warps=0),
         lambda: matmul_config.Execution(16, 64, split_k=1),
+        lambda: matmul_config.MatmulConfig(None, matmul_config.Execution(16, 64)),  # type: ignore[arg-type]
+        lambda: matmul_config.MatmulConfig(matmul_config.ReductionTree(32, 64), "16x64"),  # type: ignore[arg-type]
     ],
 )
 def test_config_fields_are_checked(bad):
