@@ -112,10 +112,17 @@ class Execution:
 
 @dataclass(frozen=True)
 class MatmulConfig:
-    """One launch: a reduction tree and an execution of it."""
+    """One launch: a reduction tree and an execution of it (``ArgumentError`` naming ``tree`` or
+    ``execution`` when either is of another type)."""
 
     tree: ReductionTree
     execution: Execution
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tree, ReductionTree):
+            raise ArgumentError("tree", "a ReductionTree", self.tree)
+        if not isinstance(self.execution, Execution):
+            raise ArgumentError("execution", "an Execution", self.execution)
 
     @property
     def name(self) -> str:

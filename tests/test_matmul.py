@@ -112,6 +112,8 @@ def test_tree_table_rows_as_documented():
         lambda: matmul_config.Execution(24, 64),
         lambda: matmul_config.Execution(16, 64, num_warps=0),
         lambda: matmul_config.Execution(16, 64, split_k=1),
+        lambda: matmul_config.MatmulConfig(None, matmul_config.Execution(16, 64)),  # type: ignore[arg-type]
+        lambda: matmul_config.MatmulConfig(matmul_config.ReductionTree(32, 64), "16x64"),  # type: ignore[arg-type]
     ],
 )
 def test_config_fields_are_checked(bad):
@@ -507,3 +509,22 @@ def matmul_config_arch(device: torch.device) -> str:
     from batchinv.fast.device import arch
 
     return arch(device)
+
+
+@any_lane
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_tma_reads_of_the_linear_weight_sum_a_k_step_in_the_pointer_order(dtype):
+    """The linear layout's TMA weight tile is loaded ``[N, K]`` and transposed; the products of a
+    K step must still be added in the pointer path's order.  ``1 + 31 * 2**-24``: added one by one
+    in increasing k every ``2**-24`` is lost (ties to even); added pairwise (what numpy's sum did
+    for the interpreter's transposed fp16 tile) they survive, so the order shows in the bits."""
+    from batchinv.fast.matmul_config import Execution, MatmulConfig, ReductionTree
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not interpreting() else "cpu")
+    x = torch.full((1, 32), 2.0**-24)
+    x[0, 0] = 1.0
+    x, w = x.to(dtype).to(device), torch.ones(16, 32, dtype=dtype, device=device)
+    tree = ReductionTree(32, 32)
+    got = matmul(x, w, out_dtype=F32, config=MatmulConfig(tree, Execution(16, 16, tma=True)))
+    want = matmul(x, w, out_dtype=F32, config=MatmulConfig(tree, Execution(16, 16)))
+    assert torch.equal(bits(got), bits(want)), (got[0, 0].item(), want[0, 0].item())

@@ -8,7 +8,7 @@ accumulator in increasing k; the chunk sums are added, in increasing chunk order
 that starts at zero; the bias is added; one rounding.  Two executions compute it:
 
 * :func:`chunked_matmul_kernel` (persistent): one program walks every chunk of a tile.
-* :func:`chunk_partial_kernel` + :func:`chunk_sum_kernel` (split-K across the grid): each
+* :func:`chunked_matmul_kernel` with ``SPLIT_K`` + :func:`chunk_sum_kernel` (split-K across the grid): each
   program sums one chunk of one tile into an fp32 workspace ``[chunks, M, N]`` (exact: the
   partial is the fp32 accumulator itself); the second kernel adds the chunk sums in order.
 
@@ -87,6 +87,12 @@ def _k_step(
         a = a_desc.load([start_m, kt * BLOCK_K])
         if B_IS_NK:
             b = b_desc.load([start_n, kt * BLOCK_K]).T
+            if INTERPRETED:
+                # numpy keeps the transpose's column-major layout through the products below,
+                # and np.sum then adds a K step's products pairwise (k contiguous) instead of
+                # in increasing k as for the row-major pointer loads: other bits.  The reshape
+                # round trip copies to row-major.
+                b = tl.reshape(tl.reshape(b, [b.shape[0] * b.shape[1]]), [b.shape[0], b.shape[1]])
         else:
             b = b_desc.load([kt * BLOCK_K, start_n])
     else:
