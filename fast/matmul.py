@@ -185,13 +185,20 @@ def matmul(
     return out
 
 
+#: The largest TMA box edge (elements) a descriptor may have (CUDA's cuTensorMapEncodeTiled);
+#: an execution with a larger tile reads through pointers.
+TMA_MAX_BOX = 256
+
+
 def _tma_ready(t: torch.Tensor) -> bool:
-    """Whether TMA can read ``t`` (2-D): a 16-bit dtype, unit inner stride, base address and
-    row stride multiples of 16 bytes."""
+    """Whether TMA can read ``t`` (2-D): a 16-bit dtype, unit inner stride, rows that do not
+    overlap (an expanded, stride-0 view reads through pointers), base address and row stride
+    multiples of 16 bytes."""
     size = t.element_size()
     return (
         size == 2
         and t.stride(1) == 1
+        and t.stride(0) >= t.shape[1]
         and (t.stride(0) * size) % 16 == 0
         and t.data_ptr() % 16 == 0
         and t.shape[0] > 0
@@ -202,12 +209,15 @@ def _tma_ready(t: torch.Tensor) -> bool:
 def _descriptors(x: torch.Tensor, weight: torch.Tensor, layout: str, p: LaunchPlan) -> tuple[Any, Any] | None:
     """Tensor descriptors of ``x`` ``[M, K]`` and the weight as stored (``[N, K]`` for the
     linear layout, ``[K, N]`` for mm), with the execution's blocks; None when either operand's
-    layout does not allow TMA (the kernel then reads through pointers: the same values)."""
+    layout does not allow TMA or a block passes :data:`TMA_MAX_BOX` (the kernel then reads
+    through pointers: the same values)."""
     if not (_tma_ready(x) and _tma_ready(weight)):
         return None
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     ex, block_k = p.config.execution, p.config.tree.block_k
+    if max(ex.block_m, ex.block_n, block_k) > TMA_MAX_BOX:
+        return None
     a_desc = TensorDescriptor(x, list(x.shape), [x.stride(0), 1], [ex.block_m, block_k])
     w_block = [ex.block_n, block_k] if layout == "linear" else [block_k, ex.block_n]
     b_desc = TensorDescriptor(weight, list(weight.shape), [weight.stride(0), 1], w_block)

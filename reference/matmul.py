@@ -326,9 +326,11 @@ def tight_bound(
     Tensor [M, N], float64 (NaN where the reference is NaN, as :func:`tolerance_bound`).
     """
     args = validate(x, weight, bias, layout, out_dtype, "ieee")
-    if group < 1:
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise ArgumentError("group", "a positive int (products per accumulation step)", group)
-    if chunk is not None and (chunk < 1 or chunk % group):
+    if chunk is not None and (
+        isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1 or chunk % group
+    ):
         raise ArgumentError("chunk", f"None or a positive multiple of group = {group}", chunk)
     if reference is None:
         reference = matmul(x, weight, bias, layout=layout, out_dtype=out_dtype)

@@ -528,3 +528,29 @@ def test_tma_reads_of_the_linear_weight_sum_a_k_step_in_the_pointer_order(dtype)
     got = matmul(x, w, out_dtype=F32, config=MatmulConfig(tree, Execution(16, 16, tma=True)))
     want = matmul(x, w, out_dtype=F32, config=MatmulConfig(tree, Execution(16, 16)))
     assert torch.equal(bits(got), bits(want)), (got[0, 0].item(), want[0, 0].item())
+
+
+@any_lane
+def test_expanded_or_oversized_operands_read_through_pointers():
+    """An expanded (stride-0) x and a tile past the TMA box limit get no descriptors; the
+    pointer reads give the bits of the contiguous operand."""
+    from batchinv.fast import matmul as launcher
+    from batchinv.fast.matmul_config import Execution, MatmulConfig, reduction_tree
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not interpreting() else "cpu")
+    key = "interp" if interpreting() else matmul_config_arch(device)
+    gen = torch.Generator().manual_seed(4)
+    row = torch.randn(1, 64, generator=gen).to(BF16).to(device)
+    w = torch.randn(32, 64, generator=gen).to(BF16).to(device)
+    cfg = MatmulConfig(reduction_tree(key, BF16, 32, 64), Execution(16, 16, tma=True))
+    expanded = row.expand(20, 64)
+    p = plan(20, 32, 64, BF16, device, config=cfg)
+    assert launcher._descriptors(expanded, w, "linear", p) is None
+    assert torch.equal(
+        bits(matmul(expanded, w, config=cfg)), bits(matmul(expanded.contiguous(), w, config=cfg))
+    )
+    wide = MatmulConfig(cfg.tree, Execution(16, 512, tma=True))
+    assert (
+        launcher._descriptors(expanded.contiguous(), w, "linear", plan(20, 32, 64, BF16, device, config=wide))
+        is None
+    )
