@@ -139,7 +139,10 @@ def matmul(
         never a view with the negative bit set.
     config : MatmulConfig, optional
         Overrides both tables (tree and execution); for tests, tuning and
-        ``config_equivalence`` only.
+        ``config_equivalence`` only.  An execution of the table's tree
+        (``MatmulConfig(reduction_tree(arch, dtype, N, K), Execution(...))``) gives the table's
+        bits; another :class:`~batchinv.fast.matmul_config.ReductionTree` gives other bits (still
+        invariant along M under that fixed config).
 
     Returns
     -------

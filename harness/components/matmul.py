@@ -452,7 +452,10 @@ def _strategy(lane: Lane, device: torch.device) -> Any:
 
 COMPONENT = Component(
     name=NAME,
-    summary="batch-invariant GEMM (F.linear / a @ b): persistent Triton kernel, one config per (arch, dtype, N, K)",
+    summary=(
+        "batch-invariant GEMM (F.linear / a @ b): one reduction tree per (arch, dtype, N, K), "
+        "its execution (split-K or walk, TMA) per M bucket"
+    ),
     reference=ref_matmul.matmul,
     fast=fast_matmul.matmul,
     baselines=(
