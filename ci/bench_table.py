@@ -28,10 +28,14 @@ def main(path: Path) -> int:
     floors: dict[tuple, float] = {}
     for p in data["points"]:
         axes = dict(kv.split("=", 1) for kv in re.sub(r"^\[|\]$", "", p["case"]).split("-") if "=" in kv)
+        if p.get("component") != "matmul" or not {"dtype", "out", "n", "k", "rows"} <= axes.keys():
+            continue
         key = (axes["dtype"], axes["out"], int(axes["n"]), int(axes["k"]), int(axes["rows"]))
         cells.setdefault(key, {})[p["implementation"]] = p["microseconds"]
         if p["floor_microseconds"] is not None:
             floors[key] = p["floor_microseconds"]
+    if not cells:
+        sys.exit(f"{path}: no matmul bench points (write them with `batchinv bench matmul --out PREFIX`)")
     print(
         "| shape (N x K) | in -> out | M | floor us | fast us | cuBLAS us | fast / cuBLAS | target | verdict |"
     )
@@ -52,4 +56,6 @@ def main(path: Path) -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python ci/bench_table.py PREFIX.json")
     sys.exit(main(Path(sys.argv[1])))

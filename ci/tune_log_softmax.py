@@ -156,6 +156,8 @@ def _suggestions(points: list[dict[str, Any]]) -> list[str]:
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit(f"{sys.argv[0]}: needs a CUDA GPU (it times kernels with CUDA graphs); none here")
     if len(sys.argv) != 2:
         sys.exit("usage: python ci/tune_log_softmax.py OUTDIR")
     sys.exit(main(sys.argv[1]))

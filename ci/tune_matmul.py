@@ -160,4 +160,6 @@ def main(out_dir: Path) -> int:
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit(f"{sys.argv[0]}: needs a CUDA GPU (it times kernels with CUDA graphs); none here")
     sys.exit(main(Path(sys.argv[1] if len(sys.argv) > 1 else "out")))

@@ -164,4 +164,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        sys.exit(f"{sys.argv[0]}: needs a CUDA GPU (it times kernels with CUDA graphs); none here")
     sys.exit(main(sys.argv[1:]))

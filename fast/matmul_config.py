@@ -184,7 +184,12 @@ TREE_TABLE: tuple[TreeRule, ...] = (
     TreeRule("sm90", HALF, T(64, 3584), "4 chunks: 1.09-1.14x at M <= 32, 1.31x at M = 128", 4096, 14336),
     TreeRule("sm90", HALF, T(64, 1024), "router N <= 512: 0.84-1.06x cuBLAS + cast at M <= 512", max_n=512),
     TreeRule("sm90", HALF, T(64, 1024), "4096x4096 and 2688x4096: 4 chunks (8 and 2 were slower at M <= 32)"),
-    TreeRule("sm90", FP32, T(32, 256), "IEEE fp32 router: 16 chunks of 256 (K steps 64 / 128 no faster)"),
+    TreeRule(
+        "sm90",
+        FP32,
+        T(32, 256),
+        "IEEE fp32 router: chunks of 256, 16 at K = 4096 (K steps 64 / 128 no faster)",
+    ),
     TreeRule("sm100", HALF, T(64, 1024), "as sm90 (never run on sm100)"),
     TreeRule("sm100", FP32, T(32, 256), "as sm90 (never run on sm100)"),
 )

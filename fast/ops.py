@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 
-#: Calls that ran a pinned kernel to the end (not traces, not calls that raised), by operator
-#: name; callers reset or diff it.
+#: Calls that ran a pinned path to the end (a kernel, or the launcher's own invariant fallback:
+#: topk's reference outside its envelope; not traces, not calls that raised), by operator name;
+#: callers reset or diff it.
 RUNTIME_CALLS: Counter[str] = Counter()
 
 
