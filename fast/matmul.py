@@ -25,7 +25,7 @@ from batchinv.fast.device import (
     kernel_operand,
     sm_count,
 )
-from batchinv.fast.matmul_config import MatmulConfig, select_config
+from batchinv.fast.matmul_config import MatmulConfig, reduction_tree, select_config
 from batchinv.reference.errors import ArgumentError, check_tensor
 from batchinv.reference.matmul import MatmulArgs, validate, weight_kn
 
@@ -68,8 +68,7 @@ def plan(
         )
     if config is not None and not isinstance(config, MatmulConfig):
         raise ArgumentError("config", "a MatmulConfig or None", config)
-    on_gpu = device.type == "cuda" and not interpreting()
-    cfg = config if config is not None else select_config(arch(device if on_gpu else None), dtype, n, k, m)
+    cfg = config if config is not None else select_config(_arch_key(device), dtype, n, k, m)
     ex = cfg.execution
     tiles = -(m // -ex.block_m) * -(n // -ex.block_n)  # ceil(M / BLOCK_M) * ceil(N / BLOCK_N)
     chunks = cfg.tree.num_chunks(k)
@@ -80,13 +79,18 @@ def plan(
     return LaunchPlan(cfg, tiles, chunks, max(1, min(programs, items)), interpreting())
 
 
-def accumulation(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int]:
+def _arch_key(device: torch.device) -> str:
+    """The tables' architecture key for operands on ``device`` (``"interp"`` under the interpreter)."""
+    return arch(device if device.type == "cuda" and not interpreting() else None)
+
+
+def accumulation(n: int, k: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int]:
     """``(group, chunk)``: the products per accumulation step and per chunk of the reduction
-    tree :func:`matmul` computes for this problem on this device, as
-    :func:`batchinv.reference.matmul.tight_bound` takes them (a K tile under the interpreter,
-    whose products one ``tl.sum`` adds; 16 on a GPU, a tensor-core MMA's k-step, with fp32's FMA
-    finer and covered)."""
-    tree = plan(m, n, k, dtype, device).config.tree
+    tree :func:`matmul` computes for ``[*, K] @ [K, N]`` on this device (any M: the tree has no
+    M), as :func:`batchinv.reference.matmul.tight_bound` takes them (a K tile under the
+    interpreter, whose products one ``tl.sum`` adds; 16 on a GPU, a tensor-core MMA's k-step,
+    with fp32's FMA finer and covered)."""
+    tree = reduction_tree(_arch_key(device), dtype, n, k)
     return (tree.block_k if interpreting() else 16), tree.chunk_k
 
 

@@ -203,9 +203,9 @@ def logit_movement(
     from batchinv.fast import matmul as fast_matmul
     from batchinv.reference import matmul as ref_matmul
 
-    t, h = hidden.shape
+    h = hidden.shape[1]
     e = router_weight.shape[0]
-    group, chunk = fast_matmul.accumulation(t, e, h, hidden.dtype, hidden.device)
+    group, chunk = fast_matmul.accumulation(e, h, hidden.dtype, hidden.device)
     if l64 is None:
         l64 = hidden.double() @ router_weight.double().T
     moved = ref_matmul.tight_bound(

@@ -239,7 +239,7 @@ def accumulation(batch: Batch) -> tuple[int, int]:
     x, s = batch.rows["x"], batch.shared
     w = s["weight"]
     n = w.shape[0] if s["layout"] == "linear" else w.shape[1]
-    return fast_matmul.accumulation(x.shape[0], n, x.shape[1], x.dtype, x.device)
+    return fast_matmul.accumulation(n, x.shape[1], x.dtype, x.device)
 
 
 def _bound_of(fn: Any, batch: Batch, reference: Outputs, **extra: Any) -> Outputs:
