@@ -12,7 +12,8 @@ the bits of a row cannot depend on the batch.
 (``BLOCK_M`` x ``BLOCK_N``), the visiting order (``GROUP_M``), warps and stages, and whether the
 chunks of a tile run in different programs (``split_k``: each program sums one chunk into an fp32
 workspace, a second kernel adds the chunk sums in order) or one program walks all of them.  Both
-compute the same tree, so the bits are the same by construction; the registry check
+compute the same tree, so they are written to give the same bits; a compiler can still make them
+differ (an unshipped IEEE fp32 tree did on the H200, run 29), so the registry check
 ``config_equivalence`` runs every execution of this table on the same inputs and requires
 identical bits (on every lane, every production shape), which is what makes it legitimate for
 the execution, and only the execution, to be chosen from M: small M splits K across the grid
