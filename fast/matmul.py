@@ -55,8 +55,10 @@ def plan(
     device: torch.device,
     num_sms: int | None = None,
     config: MatmulConfig | None = None,
+    scale_layout: str | None = None,
 ) -> LaunchPlan:
-    """The launch plan of an ``[M, K] @ [K, N]`` problem of input ``dtype`` on ``device``.
+    """The launch plan of an ``[M, K] @ [K, N]`` problem of input ``dtype`` on ``device``
+    (``scale_layout``: an FP8 problem's scales, which choose its tree's chunks).
 
     ``config`` overrides the tables (for tests, tuning and ``config_equivalence`` only;
     production callers leave it None).  M picks the execution (the tile, split-K or not) and
@@ -68,7 +70,7 @@ def plan(
         )
     if config is not None and not isinstance(config, MatmulConfig):
         raise ArgumentError("config", "a MatmulConfig or None", config)
-    cfg = config if config is not None else select_config(_arch_key(device), dtype, n, k, m)
+    cfg = config if config is not None else select_config(_arch_key(device), dtype, n, k, m, scale_layout)
     ex = cfg.execution
     tiles = -(m // -ex.block_m) * -(n // -ex.block_n)  # ceil(M / BLOCK_M) * ceil(N / BLOCK_N)
     chunks = cfg.tree.num_chunks(k)
@@ -198,12 +200,12 @@ TMA_MAX_BOX = 256
 
 
 def _tma_ready(t: torch.Tensor) -> bool:
-    """Whether TMA can read ``t`` (2-D): a 16-bit dtype, unit inner stride, rows that do not
-    overlap (an expanded, stride-0 view reads through pointers), base address and row stride
-    multiples of 16 bytes."""
+    """Whether TMA can read ``t`` (2-D): a 16-bit or 8-bit dtype, unit inner stride, rows that
+    do not overlap (an expanded, stride-0 view reads through pointers), base address and row
+    stride multiples of 16 bytes."""
     size = t.element_size()
     return (
-        size == 2
+        size in (1, 2)
         and t.stride(1) == 1
         and t.stride(0) >= t.shape[1]
         and (t.stride(0) * size) % 16 == 0
@@ -311,10 +313,18 @@ def _launch(
     precision: str,
     descriptors: tuple[Any, Any] | None,
     b_is_nk: bool,
+    scales: ScaleOperands | None = None,
 ) -> None:
+    """Launch the main kernel (and the chunk-sum kernel of a split execution).  ``scales``: an
+    FP8 launch's scales (a walk: the launcher refuses a split execution with scales)."""
     from batchinv.fast.kernels.matmul import chunk_sum_kernel, chunked_matmul_kernel
 
     tree, ex = p.config.tree, p.config.execution
+    if scales is not None and ex.split_k:
+        raise ArgumentError(
+            "config", "a walk (split_k=False) for an FP8 launch (issue 12: no split-K)", ex.name
+        )
+    xs, wss = (scales.x_scale, scales.weight_scale) if scales is not None else (out, out)
     # The split execution's chunk sums: fp32 [chunks, M, N], every element written before read.
     ws = torch.empty((p.num_chunks, m, n), device=x.device, dtype=torch.float32) if ex.split_k else out
     with interpreter_quiet():
@@ -341,6 +351,12 @@ def _launch(
             bias.stride(0) if bias is not None else 0,
             ws.stride(0) if ex.split_k else 0,
             ws.stride(1) if ex.split_k else 0,
+            xs,
+            wss,
+            xs.stride(0) if scales is not None else 0,
+            xs.stride(1) if scales is not None else 0,
+            wss.stride(0) if scales is not None else 0,
+            wss.stride(1) if scales is not None else 0,
             BLOCK_M=ex.block_m,
             BLOCK_N=ex.block_n,
             BLOCK_K=tree.block_k,
@@ -351,8 +367,13 @@ def _launch(
             INTERPRETED=p.interpreted,
             USE_TMA=descriptors is not None,
             B_IS_NK=b_is_nk,
+            PROMOTE_K=tree.promote_k,
+            SCALES=scales.code if scales is not None else 0,
+            SCALE_BLOCK=SCALE_BLOCK,
             num_warps=ex.num_warps,
             num_stages=ex.num_stages,
+            # The FP8 formula rounds each product of its scaling (no fused multiply-add).
+            enable_fp_fusion=scales is None,
         )
         if ex.split_k:
             sum_m, sum_n = SUM_TILE
@@ -378,6 +399,21 @@ def _launch(
 
 #: The chunk-sum kernel's tile (elementwise: any tile gives the same bits).
 SUM_TILE = (16, 128)
+#: The FP8 block scales' edge (1 x 128 activation groups, 128 x 128 weight blocks).
+SCALE_BLOCK = 128
+#: The kernel's code of each FP8 scale layout (its ``SCALES`` constexpr).
+SCALE_CODES: dict[str, int] = {"tensor": 1, "token": 2, "block": 3}
+
+
+@dataclass(frozen=True)
+class ScaleOperands:
+    """An FP8 launch's scales: the layout's kernel code and the fp32 scales as 2-D tensors
+    (``[1, 1]`` each for ``"tensor"``, ``[M, 1]`` / ``[N, 1]`` for ``"token"``, ``[M, KB]`` /
+    ``[NB, KB]`` for ``"block"``)."""
+
+    code: int
+    x_scale: torch.Tensor
+    weight_scale: torch.Tensor
 
 
 def linear(

@@ -56,16 +56,30 @@ class ReductionTree:
             16-wide k-steps in order (the H200 gave the same bits for BLOCK_K 32, 64, 128).
         chunk_k: K per chunk, a multiple of ``block_k``; chunk sums are added in increasing
             chunk order.  ``chunk_k >= K`` is one chunk: a single accumulator over all of K.
+            For FP8 block scales the chunks are the 128-wide scale blocks.
+        promote_k: FP8 inputs on a GPU: the products the tensor core sums in its reduced-precision
+            accumulator (Hopper: 13 fraction bits, truncating) before the sum is added to the
+            fp32 accumulator (Triton's ``max_num_imprecise_acc``; a power of two >= 32, one
+            ``wgmma`` k-step, dividing ``block_k``).  0: not an FP8 tree (16-bit and fp32
+            inputs accumulate in fp32 throughout).  Without it Triton's sm90 default lets the
+            whole K accumulate in the tensor core (``max_num_imprecise_acc = 2**30``).
     """
 
     block_k: int
     chunk_k: int
+    promote_k: int = 0
 
     def __post_init__(self) -> None:
         _power_of_two("block_k", self.block_k, 16)
         _positive_int("chunk_k", self.chunk_k)
         if self.chunk_k % self.block_k:
             raise ArgumentError("chunk_k", f"a multiple of block_k = {self.block_k}", self.chunk_k)
+        if self.promote_k:
+            _power_of_two("promote_k", self.promote_k, 32)
+            if self.block_k % self.promote_k:
+                raise ArgumentError(
+                    "promote_k", f"0 or a divisor of block_k = {self.block_k}", self.promote_k
+                )
 
     def num_chunks(self, k: int) -> int:
         """Chunks of a K-long reduction (at least 1)."""
@@ -127,8 +141,9 @@ class MatmulConfig:
 
     @property
     def name(self) -> str:
-        """``BK/chunk CK: <execution name>``."""
-        return f"k{self.tree.block_k}/{self.tree.chunk_k} {self.execution.name}"
+        """``kBK/CK[pP] <execution name>`` (``pP``: an FP8 tree's promotion interval)."""
+        promote = f"p{self.tree.promote_k}" if self.tree.promote_k else ""
+        return f"k{self.tree.block_k}/{self.tree.chunk_k}{promote} {self.execution.name}"
 
 
 # --- the reduction tree ---------------------------------------------------------------------
@@ -138,7 +153,8 @@ class MatmulConfig:
 class TreeRule:
     """One row of the tree table: applies to ``arch`` and ``dtypes`` when the row's ``n`` and
     ``k`` (None: any) equal the problem's and ``N <= max_n`` (None: any).  Rows are tried in
-    order; the first match wins.  There is no M field, on purpose."""
+    order; the first match wins.  ``scales``: the FP8 scale layouts the row applies to (None:
+    any).  There is no M field, on purpose."""
 
     arch: str
     dtypes: tuple[torch.dtype, ...]
@@ -147,21 +163,30 @@ class TreeRule:
     n: int | None = None
     k: int | None = None
     max_n: int | None = None
+    scales: tuple[str, ...] | None = None
 
-    def matches(self, arch: str, dtype: torch.dtype, n: int, k: int) -> bool:
+    def matches(self, arch: str, dtype: torch.dtype, n: int, k: int, scale_layout: str | None = None) -> bool:
         return (
             self.arch == arch
             and dtype in self.dtypes
             and (self.n is None or self.n == n)
             and (self.k is None or self.k == k)
             and (self.max_n is None or n <= self.max_n)
+            and (self.scales is None or scale_layout in self.scales)
         )
 
 
 HALF = (torch.bfloat16, torch.float16)
 FP32 = (torch.float32,)
+FP8 = (torch.float8_e4m3fn,)
 ALL = (*HALF, *FP32)
 T = ReductionTree
+#: One chunk: a single fp32 accumulator over all of K.
+WHOLE_K = 1 << 30
+#: FP8 block scales: the chunks are the 128-wide K blocks of the scales.
+SCALE_BLOCK_K = 128
+BLOCK_SCALES = ("block",)
+WHOLE_SCALES = ("tensor", "token")
 
 #: The tree table.  sm90 rows: the H200 tuning run 29 (``ci/tune_matmul.py``, docs/BENCHMARKS.md):
 #: for each production shape, the chunk whose best split execution was fastest at M = 1..32
@@ -191,24 +216,57 @@ TREE_TABLE: tuple[TreeRule, ...] = (
         T(32, 256),
         "IEEE fp32 router: chunks of 256, 16 at K = 4096 (K steps 64 / 128 no faster)",
     ),
+    # --- FP8 (float8_e4m3fn): issue 12; the scales decide the chunks, never N, K or M ---
+    TreeRule(
+        "interp",
+        FP8,
+        T(32, SCALE_BLOCK_K),
+        "cpu lane, block scales: each 128-wide scale block summed in 4 K steps",
+        scales=BLOCK_SCALES,
+    ),
+    TreeRule("interp", FP8, T(32, WHOLE_K), "cpu lane: one accumulator over K", scales=WHOLE_SCALES),
+    TreeRule(
+        "sm90",
+        FP8,
+        T(128, SCALE_BLOCK_K, promote_k=32),
+        "block scales: one K step per scale block; each wgmma k-step (32 products) promoted to fp32",
+        scales=BLOCK_SCALES,
+    ),
+    TreeRule(
+        "sm90",
+        FP8,
+        T(128, WHOLE_K, promote_k=32),
+        "one fp32 accumulator over K, each wgmma k-step (32 products) promoted to it",
+        scales=WHOLE_SCALES,
+    ),
     TreeRule("sm100", HALF, T(64, 1024), "as sm90 (never run on sm100)"),
     TreeRule("sm100", FP32, T(32, 256), "as sm90 (never run on sm100)"),
 )
 
 #: Any other architecture (sm80, sm89, ...): one chunk of 32-wide steps, a plain k loop.
-FALLBACK_TREE = ReductionTree(32, 1 << 30)
+FALLBACK_TREE = ReductionTree(32, WHOLE_K)
 
 
-def reduction_tree(arch: str, dtype: torch.dtype, n: int, k: int) -> ReductionTree:
-    """The reduction tree of an ``[M, K] @ [K, N]`` problem of input ``dtype`` on ``arch``.
+def _fallback_tree(dtype: torch.dtype, scale_layout: str | None) -> ReductionTree:
+    """:data:`FALLBACK_TREE`; for FP8 its block-scale chunks and a promotion every k-step."""
+    if dtype not in FP8:
+        return FALLBACK_TREE
+    return ReductionTree(32, SCALE_BLOCK_K if scale_layout in BLOCK_SCALES else WHOLE_K, promote_k=32)
+
+
+def reduction_tree(
+    arch: str, dtype: torch.dtype, n: int, k: int, scale_layout: str | None = None
+) -> ReductionTree:
+    """The reduction tree of an ``[M, K] @ [K, N]`` problem of input ``dtype`` on ``arch``
+    (``scale_layout``: an FP8 problem's scales, :data:`batchinv.reference.fp8_gemm.SCALE_LAYOUTS`).
 
     There is no M parameter, by design (a CPU test enforces it): the tree is the bits.
     ``arch`` is ``"sm90"``, ``"sm100"``, ... or ``"interp"`` (:func:`batchinv.fast.device.arch`).
     """
     for rule in TREE_TABLE:
-        if rule.matches(arch, dtype, n, k):
+        if rule.matches(arch, dtype, n, k, scale_layout):
             return rule.tree
-    return FALLBACK_TREE
+    return _fallback_tree(dtype, scale_layout)
 
 
 # --- the executions -------------------------------------------------------------------------
@@ -250,6 +308,8 @@ EXECUTION_TABLE: tuple[ExecutionRule, ...] = (
     ExecutionRule(
         "interp", ALL, None, 16, E(16, 64, group_m=2, split_k=True), "cpu lane: split-K at M <= 16"
     ),
+    ExecutionRule("interp", FP8, None, 16, E(16, 64, group_m=2), "cpu lane, FP8: walks only (no split-K)"),
+    ExecutionRule("interp", FP8, None, None, E(64, 64, group_m=2, tma=True), "cpu lane, FP8: TMA reads"),
     ExecutionRule(
         "interp",
         ALL,
@@ -283,6 +343,11 @@ EXECUTION_TABLE: tuple[ExecutionRule, ...] = (
     ExecutionRule("sm90", FP32, None, 64, E(32, 64, num_warps=4, num_stages=3, split_k=True), "fp32"),
     ExecutionRule("sm90", FP32, 512, None, E(64, 64, num_warps=4, num_stages=3, split_k=True), "fp32 router"),
     ExecutionRule("sm90", FP32, None, None, E(64, 64, num_warps=4, num_stages=3), "fp32, large N: walk"),
+    # --- sm90, FP8: walks only (issue 12: no split-K), 64-row tiles at least so Triton emits
+    # wgmma, whose fp32 promotion (promote_k) it implements; mma.sync has none ---
+    ExecutionRule("sm90", FP8, None, 64, W(64, 64, 4, 4), "FP8 decode"),
+    ExecutionRule("sm90", FP8, None, 256, W(64, 128, 4, 4), "FP8"),
+    ExecutionRule("sm90", FP8, None, None, W(128, 128, 8, 3), "FP8 prefill"),
     # --- sm100 (B200/GB200): sm90's shapes of rows, never run there ---
     ExecutionRule("sm100", HALF, None, 16, S(16, 128, 4, 4), "as sm90"),
     ExecutionRule("sm100", HALF, None, 128, S(64, 128, 4, 4), "as sm90"),
@@ -319,6 +384,8 @@ def executions(arch: str, dtype: torch.dtype, n: int) -> tuple[Execution, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def select_config(arch: str, dtype: torch.dtype, n: int, k: int, m: int) -> MatmulConfig:
+def select_config(
+    arch: str, dtype: torch.dtype, n: int, k: int, m: int, scale_layout: str | None = None
+) -> MatmulConfig:
     """The launch config: :func:`reduction_tree` (no M) and :func:`select_execution` (M bucket)."""
-    return MatmulConfig(reduction_tree(arch, dtype, n, k), select_execution(arch, dtype, n, m))
+    return MatmulConfig(reduction_tree(arch, dtype, n, k, scale_layout), select_execution(arch, dtype, n, m))

@@ -49,8 +49,28 @@ def exact_fp32(x):
     """
     if x.dtype == tl.bfloat16:
         return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    elif x.dtype == tl.float8e4nv:
+        return e4m3_to_fp32(x)
     else:
         return x.to(tl.float32)
+
+
+@triton.jit
+def e4m3_to_fp32(x):
+    """``float8_e4m3fn`` to fp32 exactly, with integer ops: the interpreter's own conversion
+    reads the NaN code (S.1111.111) as 480 and is a Python loop for subnormals.
+
+    e4m3fn: exponent bias 7, no infinity; exponent 0 is ``m * 2**-9`` (subnormal), S.1111.111 NaN.
+    """
+    bits = x.to(tl.uint8, bitcast=True).to(tl.uint32)
+    exponent = (bits >> 3) & 0xF
+    mantissa = bits & 0x7
+    negative = bits >= 128
+    normal = (((bits >> 7) << 31) | ((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
+    subnormal = mantissa.to(tl.float32) * 0.001953125  # 2**-9, exact
+    subnormal = tl.where(negative, -subnormal, subnormal)
+    value = tl.where(exponent == 0, subnormal, normal)
+    return tl.where((exponent == 15) & (mantissa == 7), float("nan"), value)
 
 
 @triton.jit
@@ -70,8 +90,13 @@ def _k_step(
     INTERPRETED: tl.constexpr,
     USE_TMA: tl.constexpr,
     B_IS_NK: tl.constexpr,
+    PROMOTE_K: tl.constexpr,
 ):
     """``acc`` plus the products of K tile ``kt`` of the tile at (``start_m``, ``start_n``).
+
+    ``PROMOTE_K`` (FP8 operands; 0 otherwise): the tensor core sums ``PROMOTE_K`` products in its
+    reduced-precision accumulator, from zero, and each such sum is added to ``acc`` in fp32
+    (Triton's ``max_num_imprecise_acc``, implemented for wgmma on sm90).
 
     The operands come through ``a_ptrs`` / ``b_ptrs`` (addressing K tile ``kt``; masked past K)
     or, with ``USE_TMA``, through tensor descriptors (TMA on Hopper; zero-filled past every
@@ -102,6 +127,8 @@ def _k_step(
     if INTERPRETED:
         prod = exact_fp32(a)[:, :, None] * exact_fp32(b)[None, :, :]
         return acc + tl.sum(prod, axis=1)
+    elif PROMOTE_K > 0:
+        return tl.dot(a, b, acc, max_num_imprecise_acc=PROMOTE_K)
     else:
         return tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
@@ -127,6 +154,7 @@ def _chunk_sum(
     INTERPRETED: tl.constexpr,
     USE_TMA: tl.constexpr,
     B_IS_NK: tl.constexpr,
+    PROMOTE_K: tl.constexpr,
 ):
     """The fp32 sum of K tiles ``[kt_start, kt_end)`` of one output tile, from zero, in
     increasing k.  ``a_ptrs`` / ``b_ptrs`` address K tile 0."""
@@ -136,7 +164,7 @@ def _chunk_sum(
     for kt in range(kt_start, kt_end):
         acc = _k_step(
             acc, a_ptrs, b_ptrs, a_desc, b_desc, start_m, start_n, kt, K, offs_k,
-            BLOCK_K, INPUT_PRECISION, INTERPRETED, USE_TMA, B_IS_NK,
+            BLOCK_K, INPUT_PRECISION, INTERPRETED, USE_TMA, B_IS_NK, PROMOTE_K,
         )  # fmt: skip
         a_ptrs += a_step
         b_ptrs += b_step
@@ -210,6 +238,12 @@ def chunked_matmul_kernel(
     stride_bias,
     stride_ws_s,
     stride_ws_m,
+    xs_ptr,
+    ws_scale_ptr,
+    stride_xs_m,
+    stride_xs_k,
+    stride_wss_n,
+    stride_wss_k,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -220,6 +254,9 @@ def chunked_matmul_kernel(
     INTERPRETED: tl.constexpr,
     USE_TMA: tl.constexpr,
     B_IS_NK: tl.constexpr,
+    PROMOTE_K: tl.constexpr,
+    SCALES: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
 ):
     """``c[M, N] = a[M, K] @ b[K, N] (+ bias[N])`` as the module's reduction tree.
 
@@ -232,7 +269,14 @@ def chunked_matmul_kernel(
     fp32 sum goes to ``ws[chunk, M, N]``, row-major per chunk; :func:`chunk_sum_kernel` finishes).
     The grid is the planned number of programs; program ``p`` takes items ``p``, ``p + grid``, ...
     ``b`` is addressed through its strides, so ``F.linear``'s weight ``w[N, K]`` row-major is
-    ``b = w.T``; ``bias`` through ``stride_bias`` (0 for an expanded scalar).  Offsets are formed
+    ``b = w.T``; ``bias`` through ``stride_bias`` (0 for an expanded scalar).
+
+    FP8 scales (``SCALES``; the walk only): 0 none; 1 per tensor (``xs_ptr``, ``ws_scale_ptr``
+    one element each); 2 per token x per channel (``xs[m]``, ``ws[n]``); 3 blocks (``xs[m, c]``
+    for the 1 x ``SCALE_BLOCK`` group, ``ws[n // SCALE_BLOCK, c]``, the chunks being the
+    ``SCALE_BLOCK``-wide K blocks).  The fixed formula, fp32, launched without FMA contraction:
+    ``total = fl(total + fl(chunk * fl(xs * ws)))`` per chunk (3) or ``fl(total * fl(xs * ws))``
+    once after the walk (1, 2); then the bias and one rounding as above.  Offsets are formed
     in int64 (a row index times a row stride passes 2**31 for large operands: Triton tutorial
     03).  Rows / columns past the edge read row / column 0 instead of masking every load; they
     are never stored, and the rows of a tile do not mix in a dot.
@@ -280,6 +324,7 @@ def chunked_matmul_kernel(
                 INTERPRETED,
                 USE_TMA,
                 B_IS_NK,
+                PROMOTE_K,
             )
             ws_ptrs = ws_ptr + (
                 chunk * (tl.full((), 1, tl.int64) * stride_ws_s)
@@ -295,13 +340,25 @@ def chunked_matmul_kernel(
             for kt in range(0, k_tiles):
                 acc = _k_step(
                     acc, a_ptrs, b_ptrs, a_desc, b_desc, start_m, start_n, kt, K, offs_k,
-                    BLOCK_K, INPUT_PRECISION, INTERPRETED, USE_TMA, B_IS_NK,
+                    BLOCK_K, INPUT_PRECISION, INTERPRETED, USE_TMA, B_IS_NK, PROMOTE_K,
                 )  # fmt: skip
                 a_ptrs += a_step
                 b_ptrs += b_step
                 if ((kt + 1) % chunk_tiles == 0) | (kt + 1 == k_tiles):
-                    total += acc
+                    if SCALES == 3:
+                        c = kt // chunk_tiles
+                        x_s = tl.load(xs_ptr + rows * stride_xs_m + c * stride_xs_k)
+                        w_s = tl.load(ws_scale_ptr + (cols // SCALE_BLOCK) * stride_wss_n + c * stride_wss_k)
+                        total += acc * (x_s[:, None] * w_s[None, :])
+                    else:
+                        total += acc
                     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            if SCALES == 1:
+                total = total * (tl.load(xs_ptr) * tl.load(ws_scale_ptr))
+            elif SCALES == 2:
+                x_s = tl.load(xs_ptr + rows * stride_xs_m)
+                w_s = tl.load(ws_scale_ptr + cols * stride_wss_n)
+                total = total * (x_s[:, None] * w_s[None, :])
             _store_total(
                 c_ptr,
                 total,
