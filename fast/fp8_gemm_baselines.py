@@ -8,7 +8,7 @@
   halves (at a 128 boundary) whose fp32 results are added after, as production split-K
   heuristics do for small batches.
 * :func:`other_accumulation_group` -- batch-invariant, but another accumulation group than the
-  table's (four times the promotion interval on a GPU, half the K step under the interpreter):
+  table's (a promotion every 32 products on a GPU, half the K step under the interpreter):
   the negative control of ``config_equivalence``.
 """
 
@@ -79,13 +79,13 @@ def torch_scaled_mm(
         out = scaled_mm(
             x,
             b,
-            x_scale,
+            x_scale.t().contiguous().t(),  # cuBLASLt reads the 1x128 scales column-major
             st.BlockWise1x128,
             weight_scale,
             st.BlockWise128x128,
             output_dtype=out_dtype,
         )
-    except (RuntimeError, NotImplementedError, TypeError) as exc:
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
         raise Unsupported(f"block-wise scaled_mm: {str(exc).splitlines()[0]}") from None
     return out + bias.to(out_dtype)[None, :] if bias is not None else out
 
@@ -102,14 +102,15 @@ def block_k_by_m(
     num_sms: int | None = None,
 ) -> torch.Tensor:
     """The pinned kernel, but at M <= :data:`SMALL_M` the tree's BLOCK_K is halved (a table keyed
-    on M).  Under the interpreter a K step's products are one ``tl.sum``, so the bits move with
-    M; on a GPU the tensor core adds its k-steps in order whatever the step, so it may not."""
+    on M), its promotion interval with it where the halved K step is shorter.  Under the
+    interpreter a K step's products are one ``tl.sum``; on a GPU the tensor core's 13-bit sums
+    then cover fewer products: the bits move with M on both."""
     validate(x, weight, x_scale, weight_scale, bias, scale_layout, out_dtype)
     config = _table_config(x, weight, scale_layout)
     if x.shape[0] <= SMALL_M:
         tree = config.tree
-        block_k = max(tree.promote_k or 16, tree.block_k // 2)
-        config = replace(config, tree=replace(tree, block_k=block_k))
+        block_k = max(32 if tree.promote_k else 16, tree.block_k // 2)
+        config = replace(config, tree=replace(tree, block_k=block_k, promote_k=min(tree.promote_k, block_k)))
     return _pinned(
         x=x,
         weight=weight,
@@ -186,9 +187,9 @@ def other_accumulation_group(
     num_sms: int | None = None,
 ) -> torch.Tensor:
     """The pinned kernel with the table's execution and another accumulation group, the
-    products summed per step before the fp32 addition: four times the tree's ``promote_k``
-    (capped at BLOCK_K) on a GPU -- the FP8 tensor core's 13-bit accumulator then sums 128
-    products -- and half the BLOCK_K under the interpreter.  Batch-invariant, other bits: the
+    products summed per step before the fp32 addition: on a GPU a promotion every 32 products
+    (one wgmma k-step) instead of the tree's 128 (or four times a shorter interval), and half
+    the BLOCK_K under the interpreter.  Batch-invariant, other bits: the
     negative control of ``config_equivalence``."""
     from batchinv.fast.device import interpreting
 
@@ -200,7 +201,7 @@ def other_accumulation_group(
             max(16, tree.block_k // 2), tree.chunk_k, tree.promote_k and min(tree.promote_k, 32)
         )
     else:
-        other = replace(tree, promote_k=min(tree.block_k, 4 * tree.promote_k))
+        other = replace(tree, promote_k=32 if tree.promote_k > 32 else min(tree.block_k, 4 * tree.promote_k))
     return _pinned(
         x=x,
         weight=weight,

@@ -212,6 +212,26 @@ def fp8_gemm(
     return out
 
 
+#: Products per FP8 wgmma k-step (m64nNk32): the tensor core aligns them and the accumulator.
+WGMMA_K = 32
+
+
+def group_terms(group: int, group_eps: float) -> int:
+    """``n`` such that a group of ``group`` products, summed from zero, errs by at most
+    ``gamma_n(group_eps)`` of its absolute sum ``S_g``.
+
+    fp32 (``group_eps`` = 2**-23, the interpreter's ``tl.sum``): any order of G + 1 additions,
+    ``n = G + 2``.  The FP8 tensor core (2**-13): each wgmma k-step aligns its 32 products and
+    the running partial sum to the largest exponent and keeps 13 fraction bits, so each of the
+    33 addends errs by less than 2**-13 of the largest term (<= ``S_g``), and the result is cut
+    once more: ``34`` per k-step, ``n = 34 G / 32`` (seen on the H200, run 35: 32 products of
+    225 added to a partial of 2**14 each lost 1).
+    """
+    if group_eps <= FP32_EPS:
+        return group + 2
+    return max(group + 2, (WGMMA_K + 2) * -(-group // WGMMA_K))
+
+
 def _rounding_tail(
     e_acc: torch.Tensor, reference: torch.Tensor, has_bias: bool, out_dtype: torch.dtype
 ) -> torch.Tensor:
@@ -260,7 +280,7 @@ def tight_bound(
 
     The kernel (:mod:`batchinv.fast.fp8_gemm`): the unscaled products ``p_k = x_k w_k`` (exact:
     4 + 4 significant bits) are summed ``G = group`` at a time from zero -- by the FP8 tensor core
-    on a GPU, whose sum errs by less than ``gamma_(G+2)(group_eps)`` of the group's ``S_g =
+    on a GPU, whose sum errs by less than ``gamma_n(group_eps)`` (:func:`group_terms`) of the group's ``S_g =
     sum |p|`` (any order of truncating additions, or the alignment model: every addend cut to
     13 fraction bits of the largest, then one truncation); by one ``tl.sum`` of fp32 products
     under the interpreter (``group_eps = 2**-23``) -- and each group sum is added to an fp32
@@ -274,7 +294,7 @@ def tight_bound(
 
     then ``fl(y + bias)`` and one rounding to ``out_dtype``.  With ``s`` the exact scale product:
 
-        e_A <= gamma_(G+2)(group_eps) S + eps (sum_(g<last) |Q_g| + |P|) + second order
+        e_A <= gamma_n(group_eps) S + eps (sum_(g<last) |Q_g| + |P|) + second order
         e_y <= s (e_A + 2 u |P|)                       (the two fp32 multiplications)
         block: sum over blocks of the above + eps sum_(c >= 2) |T_c|
 
@@ -313,7 +333,7 @@ def tight_bound(
         within, _ = _partial_sums(xc, wc, group, steps, steps)
         p = xc @ wc  # P_c, unscaled
         s_abs = xc.abs() @ wc.abs()  # S_c
-        g = _gamma(group + 2, group_eps)
+        g = _gamma(group_terms(group, group_eps), group_eps)
         e_a = g * s_abs + FP32_EPS * (within + p.abs())
         e_a = e_a * (1.0 + steps * FP32_EPS) + steps * FP32_EPS * g * s_abs  # the carried error
         s = _scale_product(x_scale, weight_scale, scale_layout, args.n, c).to(x64.device).abs()
@@ -353,11 +373,11 @@ def tolerance_bound(
     reference: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The any-order bound (a hard limit): groups of at most :data:`MAX_TENSOR_CORE_GROUP`
-    products summed by the FP8 tensor core (``gamma_130(2**-13)`` of their ``sum |p|``), added
+    products summed by the FP8 tensor core (``gamma_136(2**-13)`` of their ``sum |p|``), added
     in fp32 in any order (``gamma_K(2**-23)``), then the scaling (two fp32 multiplications), the
     block totals (``gamma_KB(2**-23)``), the bias and the output rounding:
 
-        e_acc <= (gamma_130(2**-13) + gamma_(K + KB + 2)(2**-23)) S_d + (K + KB) 2**-126 s_max
+        e_acc <= (gamma_136(2**-13) + gamma_(K + KB + 2)(2**-23)) S_d + (K + KB) 2**-126 s_max
 
     with ``S_d = |x_d| @ |w_d|.T`` (the dequantized products' absolute sum).  About 1.6% of
     ``S_d``: it catches gross errors (a wrong scale, a dropped block, a 16-bit accumulator);
@@ -375,7 +395,8 @@ def tolerance_bound(
     xd, wd = dequantize(x, weight, x_scale, weight_scale, scale_layout)
     s = xd.abs() @ wd.abs().T  # [M, N]
     k, kb = args.k, blocks(args.k)
-    gamma = _gamma(MAX_TENSOR_CORE_GROUP + 2, TENSOR_CORE_FP8_EPS) + _gamma(k + kb + 2, FP32_EPS)
+    gamma = _gamma(group_terms(MAX_TENSOR_CORE_GROUP, TENSOR_CORE_FP8_EPS), TENSOR_CORE_FP8_EPS)
+    gamma += _gamma(k + kb + 2, FP32_EPS)
     s_max = _max_scale_product(x_scale, weight_scale, scale_layout, args.m, args.n, k)
     e_acc = gamma * s + (k + kb) * FP32_MIN_NORMAL * (1.0 + s_max)
     return _rounding_tail(e_acc, reference, bias is not None, args.out_dtype)

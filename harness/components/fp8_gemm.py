@@ -422,13 +422,13 @@ COMPONENT = Component(
         bound,
         "the kernel sums exact FP8 products in fp32 with the tensor core's partial sums (13-bit, "
         "truncating, at most 128 products) promoted in between, then applies fp32 scales and rounds once: "
-        "per element gamma_130(2**-13) + gamma_(K+KB+2)(2**-23) of sum |x_d w_d|, plus underflow, the "
+        "per element gamma_136(2**-13) + gamma_(K+KB+2)(2**-23) of sum |x_d w_d|, plus underflow, the "
         "bias add and the output rounding (reference.fp8_gemm.tolerance_bound).",
         out_dtypes=lambda batch: (batch.shared["out_dtype"],),
         tight_bound=tight,
         tight_justification=(
             "the kernel's order (reference.fp8_gemm.tight_bound): groups of G products (the tree's promote_k "
-            "on a GPU, a K tile under the interpreter) summed from zero at gamma_(G+2)(2**-13 on a GPU, "
+            "on a GPU, a K tile under the interpreter) summed from zero at gamma_n (n = 34 G/32 at 2**-13 on a GPU, G + 2 at "
             "2**-23 interpreted) of their absolute sum, each added to the fp32 accumulator at 2**-23 of the "
             "new partial sum (which grows like sqrt(k) on random signs), per 128-wide block for block scales; "
             "the two fp32 multiplications of the scaling, the block totals' additions, the bias and one "
