@@ -80,15 +80,26 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     lane = _lane(args)
     table = Table(title=f"batchinv components (lane {lane.value})")
-    for col in ("component", "summary", "agreement", "checks", "baselines", f"cases on {lane.value}"):
+    from batchinv.harness.sweep import lane_names
+
+    for col in (
+        "component",
+        "summary",
+        "lanes",
+        "agreement",
+        "checks",
+        "baselines",
+        f"cases on {lane.value}",
+    ):
         table.add_column(col)
     for comp in components(args.components or None):
         kind = type(comp.agreement).__name__.lower()
         baselines = ", ".join(
             b.name + (" (pin candidate)" if b.is_pin_candidate else "") for b in comp.baselines
         )
-        n = len(comp.cases(lane)) if lane in comp.lanes else 0
-        table.add_row(comp.name, comp.summary, kind, ", ".join(comp.applicable_checks()), baselines, str(n))
+        n = str(len(comp.cases(lane))) if lane in comp.lanes else "not run on this lane"
+        lanes = ", ".join(lane_names(comp.lanes))
+        table.add_row(comp.name, comp.summary, lanes, kind, ", ".join(comp.applicable_checks()), baselines, n)
     console = wide_console()
     console.print(table)
     if not args.no_entry_points:

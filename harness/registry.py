@@ -53,6 +53,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "prefill_chunk_plan",
     "cuda_graph_buckets",
     "decode_partition_plan",
+    "w4a16_nvfp4",
 )
 
 #: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.

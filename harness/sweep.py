@@ -139,6 +139,9 @@ class SweepOutcome:
     wall_seconds: float = 0.0
     compile: compile_stats.CompileStats = field(default_factory=compile_stats.CompileStats)
     jobs: int = 1
+    #: Components asked for whose ``lanes`` exclude the sweep's lane: not run, reported as such
+    #: ("not run on this lane"), never a pass nor a failure.  Each entry: (name, its lanes).
+    not_on_lane: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -154,6 +157,7 @@ class SweepOutcome:
             "jobs": self.jobs,
             "checks": [vars(c) for c in self.checks],
             "controls": [{**vars(c), "is_failure": c.is_failure} for c in self.controls],
+            "not_on_lane": [{"component": name, "lanes": list(lanes)} for name, lanes in self.not_on_lane],
         }
 
     @property
@@ -451,7 +455,18 @@ def run_sweep(
         wall_seconds=time.perf_counter() - start,
         compile=stats,
         jobs=jobs,
+        not_on_lane=not_on_lane(components, lane),
     )
+
+
+def not_on_lane(components: Sequence[Component], lane: Lane) -> list[tuple[str, tuple[str, ...]]]:
+    """``(name, lanes)`` of each of ``components`` that does not run on ``lane``, in order."""
+    return [(c.name, lane_names(c.lanes)) for c in components if lane not in c.lanes]
+
+
+def lane_names(lanes: frozenset[Lane]) -> tuple[str, ...]:
+    """``lanes`` as their names, in :class:`Lane`'s order."""
+    return tuple(lane.value for lane in Lane if lane in lanes)
 
 
 def _fold_control(

@@ -128,6 +128,11 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
             "so their verdict is unknown (not a failure): "
             + ", ".join(f"{c.component}/{c.baseline}" for c in not_reached),
         )
+    for name, lanes in outcome.not_on_lane:
+        _line(
+            console,
+            f"{name}: not run on this lane ({lane.value}); it runs on {', '.join(lanes)} (not a pass, not a failure)",
+        )
     _line(console, time_line(outcome))
     _line(console, f"report: {report}")
     if outcome.ok:

@@ -118,3 +118,18 @@ def check_int(argument: str, value: Any, low: int) -> int:
     if value < low:
         raise ArgumentError(argument, f"an int >= {low}", value)
     return value
+
+
+class NotBuiltError(BatchinvError, NotImplementedError):
+    """An implementation that does not exist yet was called (a fast kernel for a lane no machine
+    of the project has run, for example).  Never raised for bad input; never a silent fallback.
+
+    Attributes:
+        what: the missing implementation (``"w4a16_nvfp4 fast kernel"``).
+        why: why it is missing and what would build it.
+    """
+
+    def __init__(self, what: str, why: str) -> None:
+        self.what = what
+        self.why = why
+        super().__init__(f"{what} is not built: {why}")

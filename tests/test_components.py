@@ -5,6 +5,10 @@ fast kernel; one negative control per baseline (a strict xfail on the lanes wher
 when the harness stops detecting variance there, this goes red); every error input against the
 fast kernel and the reference.  The parameters come from the registry, so a new component is
 covered by registering it.
+
+A component whose ``lanes`` exclude this lane (``w4a16_nvfp4``: sm100 only) gets one test of
+each kind, marked with its lanes and skipped with the reason "not run on this lane": the report
+names it, never a silent absence nor a pass.
 """
 
 from __future__ import annotations
@@ -14,12 +18,24 @@ import pytest
 from batchinv.harness.checks import FAST, negative_control, run_check
 from batchinv.harness.invariance import VarianceDetected
 from batchinv.harness.lanes import Lane
-from batchinv.harness.plugin import current_lane
-from batchinv.harness.registry import components
+from batchinv.harness.plugin import current_lane, lane_skip_reason
+from batchinv.harness.registry import Component, components
+from batchinv.harness.sweep import lane_names
 
 LANE = current_lane()
 LANE_MARK = pytest.mark.cpu if LANE is Lane.CPU else pytest.mark.gpu
 COMPONENTS = [c for c in components() if LANE in c.lanes]
+OFF_LANE = [c for c in components() if LANE not in c.lanes]
+
+
+def _off_lane_param(comp: Component, kind: str, nargs: int) -> object:
+    """One skipped test of ``kind`` for a component that does not run on this lane, marked with
+    its lanes (so ``-m sm100`` selects it) and skipped with the plugin's lane reason."""
+    names = lane_names(comp.lanes)
+    why = lane_skip_reason(set(names), LANE) or "its lanes exclude this one"
+    reason = f"{comp.name}: not run on this lane ({LANE.value}): {why}"
+    marks = [getattr(pytest.mark, name) for name in names] + [pytest.mark.skip(reason=reason)]
+    return pytest.param(comp, *([None] * (nargs - 1)), id=f"{comp.name}-{kind}-not-on-lane", marks=marks)
 
 
 def _fast_params():
@@ -32,6 +48,8 @@ def _fast_params():
                 yield pytest.param(
                     comp, check, case, id=f"{comp.name}-{check}-{case.id}", marks=[LANE_MARK, group]
                 )
+    for comp in OFF_LANE:
+        yield _off_lane_param(comp, "fast", 3)
 
 
 @pytest.mark.parametrize(("component", "check", "case"), list(_fast_params()))
@@ -65,6 +83,9 @@ def _control_params():
                     )
                 )
             yield pytest.param(comp, b, id=f"{comp.name}-{b.name}", marks=marks)
+    for comp in OFF_LANE:
+        if comp.baselines:
+            yield _off_lane_param(comp, "negative_control", 2)
 
 
 @pytest.mark.parametrize(("component", "baseline"), list(_control_params()))
@@ -83,6 +104,8 @@ def _error_params():
         for err in comp.error_cases(device):
             for impl in err.applies_to:
                 yield pytest.param(comp, err, impl, id=f"{comp.name}-{err.name}-{impl}", marks=LANE_MARK)
+    for comp in OFF_LANE:
+        yield _off_lane_param(comp, "errors", 3)
 
 
 @pytest.mark.parametrize(("component", "error_case", "impl"), list(_error_params()))
