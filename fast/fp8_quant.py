@@ -1,7 +1,7 @@
 """Launcher of batch-invariant dynamic FP8 quantization (validation, config, allocation, grid).
 
 The kernel is :func:`batchinv.fast.kernels.fp8_quant.fp8_quant_kernel`: one program per (row
-block, segment), a segment being a whole row (per token) or one 1 x G group.  The config
+block, segment) on one flat grid axis, a segment being a whole row (per token) or one 1 x G group.  The config
 (:func:`config_for`) is keyed on (arch, segment length) only, never on the number of rows, which
 only sets the grid.  No config could change a bit here anyway (a max is exact and the rest is
 elementwise), but the rule of every launcher holds, and ``tests/test_fp8_quant.py`` runs every
@@ -81,7 +81,7 @@ def launch(x: torch.Tensor, group_size: int | None, config: QuantConfig) -> tupl
     x = kernel_operand(x)
     from batchinv.fast.kernels.fp8_quant import fp8_quant_kernel
 
-    grid = (triton.cdiv(m, config.block_m), ng)
+    grid = (triton.cdiv(m, config.block_m) * ng,)  # flat: (row block, segment) = divmod(pid, ng)
     with interpreter_quiet():
         fp8_quant_kernel[grid](
             x,
@@ -90,6 +90,7 @@ def launch(x: torch.Tensor, group_size: int | None, config: QuantConfig) -> tupl
             m,
             k,
             seg_len,
+            ng,
             x.stride(0),
             x.stride(1),
             q.stride(0),

@@ -84,7 +84,7 @@ def _finite_abs(xf):
 
 # M and the strides are never specialized: Triton would otherwise compile another variant for
 # M == 1 or a stride divisible by 16 (no bit could change here, but the rule of the kernels holds).
-@triton.jit(do_not_specialize=["n_rows", "stride_xm", "stride_xk", "stride_qm", "stride_sm"])
+@triton.jit(do_not_specialize=["n_rows", "n_segs", "stride_xm", "stride_xk", "stride_qm", "stride_sm"])
 def fp8_quant_kernel(
     x_ptr,
     q_ptr,
@@ -92,6 +92,7 @@ def fp8_quant_kernel(
     n_rows,
     n_cols,
     seg_len,
+    n_segs,
     stride_xm,
     stride_xk,
     stride_qm,
@@ -101,13 +102,15 @@ def fp8_quant_kernel(
     SINGLE_CHUNK: tl.constexpr,
 ):
     """q[m, k] = e4m3(x[m, k] / scale[m, s]), scale[m, s] = max(amax, 2^-64) / 448, for the
-    segment s = k // seg_len (seg_len = K per token, G per group; program axis 1 is s).
+    segment s = k // seg_len (seg_len = K per token, G per group; n_segs segments per row).
 
     ``q_ptr`` points at q's bytes (uint8), ``scale_ptr`` at fp32 [M, NG].  ``SINGLE_CHUNK``:
     seg_len <= BLOCK_K, the segment is loaded once.
     """
-    pid_m = tl.program_id(0)
-    seg = tl.program_id(1)
+    # One flat grid axis (CUDA's axis 1 stops at 65535): program = row block * n_segs + segment.
+    pid = tl.program_id(0)
+    pid_m = pid // n_segs
+    seg = pid % n_segs
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
     rows64 = rows.to(tl.int64)

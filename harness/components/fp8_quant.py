@@ -193,9 +193,7 @@ def _place(t: torch.Tensor, device: torch.device, layout: str, g: torch.Generato
     if layout == "contiguous":
         return t.to(device)
     if layout == "transposed":
-        return (
-            t.t().contiguous().t().to(device) if device.type == "cpu" else t.to(device).t().contiguous().t()
-        )
+        return t.to(device).t().contiguous().t()  # column-major: strides (1, M)
     if layout != "strided":
         raise ValueError(f"layout: expected contiguous, strided or transposed, got {layout!r}")
     m, k = t.shape
