@@ -38,8 +38,9 @@ and sqrt (Figueroa, "When is double rounding innocuous?", 1995), and 53 >= 2 * 2
 fp64 quotient of fp32 values never underflows or overflows fp64).  The e4m3 rounding is done in
 fp64 on the exact value with an explicit spacing (a power of two, so the scaled value is exact)
 and ``torch.round`` (half to even).  It does not use torch's own float8 conversion: that one
-saturates on torch 2.13 (``torch/headeronly/util/Float8_e4m3fn.h``) but returned NaN for
-|x| >= 480 and for +-inf in earlier releases, and the reference must not depend on which.
+saturates on torch 2.13 (CPU, checked; ``torch/headeronly/util/Float8_e4m3fn.h``), while earlier
+releases' version of that routine returned NaN for |x| >= 480 (and so for values rounding past
+464) and for +-inf; the reference must not depend on which.
 
 Argument validation is shared with the fast launcher (:func:`check_fp8_quant_args`).
 """
