@@ -37,6 +37,7 @@ from batchinv.harness.lanes import Lane
 COMPONENT_MODULES: tuple[str, ...] = (
     "topk",
     "matmul",
+    "fp8_quant",
     "fp8_gemm",
     "rms_norm",
     "fused_add_rms_norm",

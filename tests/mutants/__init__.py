@@ -245,6 +245,21 @@ MUTANTS: tuple[Mutant, ...] = (
         every_case=lambda case: case.axes["values"] == "specials" and int(case.axes["rows"]) > 8,
     ),
     Mutant(
+        "fp8_quant_truncating_e4m3",
+        "fp8_quant",
+        kernels.fp8_quant_truncating_e4m3,
+        "the e4m3 rounding truncates normal values instead of rounding to nearest even",
+        ("agreement",),
+        every_case=lambda case: True,
+    ),
+    Mutant(
+        "fp8_quant_amax_over_launch_tile",
+        "fp8_quant",
+        kernels.fp8_quant_amax_over_launch_tile,
+        "amax over the program's whole row block, not per row: a token's scale depends on its neighbours",
+        ("batch_prefix",),
+    ),
+    Mutant(
         "moe_align_groups_not_padded",
         "moe_align",
         kernels.moe_align_groups_not_padded,

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 import batchinv.fast.kernels.decode_attention as attention_kernels
+import batchinv.fast.kernels.fp8_quant as fp8_quant_kernels
 import batchinv.fast.kernels.grouped_gemm as grouped_gemm_kernels
 import batchinv.fast.kernels.matmul as matmul_kernels
 import batchinv.fast.kernels.mean as mean_kernels
@@ -26,6 +27,7 @@ import batchinv.fast.kernels.softmax as softmax_kernels
 import batchinv.fast.kernels.swiglu as swiglu_kernels
 import batchinv.fast.kernels.topk as topk_kernels
 from batchinv.fast import decode_attention as attention_launcher
+from batchinv.fast import fp8_quant as fp8_quant_launcher
 from batchinv.fast import grouped_gemm as grouped_gemm_launcher
 from batchinv.fast import matmul as matmul_launcher
 from batchinv.fast import mean as mean_launcher
@@ -323,6 +325,34 @@ def swiglu_no_infinite_limit() -> Callable[..., Any]:
         "out = out",
     )
     return with_kernel(swiglu_kernels, "swiglu_kernel", kernel, swiglu_launcher.swiglu)
+
+
+# --- fp8_quant --------------------------------------------------------------------------------
+
+
+def fp8_quant_truncating_e4m3() -> Callable[..., Any]:
+    """The e4m3 rounding of normal values truncates (drops 20 mantissa bits) instead of rounding
+    to nearest even: the bit trick without its rounding bias."""
+    kernel = mutate(
+        fp8_quant_kernels,
+        "e4m3_rne_satfinite",
+        "normal = ((an + 0x7FFFF + ((an >> 20) & 1)) >> 20) - (120 << 3)",
+        "normal = (an >> 20) - (120 << 3)",
+        entry="fp8_quant_kernel",
+    )
+    return with_kernel(fp8_quant_kernels, "fp8_quant_kernel", kernel, fp8_quant_launcher.fp8_quant)
+
+
+def fp8_quant_amax_over_launch_tile() -> Callable[..., Any]:
+    """amax taken over the program's whole row block instead of per row: the scale of a token
+    depends on the tokens launched beside it (a batch-wide dynamic scale)."""
+    kernel = mutate(
+        fp8_quant_kernels,
+        "fp8_quant_kernel",
+        "amax = tl.max(_finite_abs(xf), axis=1)",
+        "amax = tl.max(tl.max(tl.where(mask, _finite_abs(xf), 0.0), axis=1), axis=0) + tl.zeros([BLOCK_M], dtype=tl.float32)",
+    )
+    return with_kernel(fp8_quant_kernels, "fp8_quant_kernel", kernel, fp8_quant_launcher.fp8_quant)
 
 
 # --- moe_router -------------------------------------------------------------------------------
