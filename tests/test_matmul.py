@@ -63,11 +63,12 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def test_reduction_tree_is_never_keyed_on_m():
-    """reduction_tree takes (arch, dtype, n, k) and nothing else; no tree rule has an M field;
+    """reduction_tree takes (arch, dtype, n, k) and an FP8 problem's scale layout, nothing else;
+    no tree rule has an M field;
     and the launch plan's tree is the same at every M of every lane's sweep, while the
     execution moves with M (split-K at decode, a walk above) on the GPU tables."""
     params = list(inspect.signature(matmul_config.reduction_tree).parameters)
-    assert params == ["arch", "dtype", "n", "k"]
+    assert params == ["arch", "dtype", "n", "k", "scale_layout"]
     for cls in (matmul_config.TreeRule, matmul_config.ReductionTree):
         names = {f.name.lower() for f in dataclasses.fields(cls)}
         assert not any(name in ("m", "max_m", "min_m") for name in names), names

@@ -221,9 +221,10 @@ def _is_power_of_two(t: torch.Tensor) -> torch.Tensor:
 def exact(batch: Batch, reference: Outputs) -> Outputs:
     """The elements the kernel computes exactly (a bool [M, N]): every scale of the row and of
     the column a power of two (so each scale product and each scaling is exact), every scale
-    product at least 2**-126, and, with 2**q dividing every dequantized product and the bias:
-    the scaled total ``sum |x_d w_d| + |bias| < 2**(q + 24)`` (fp32 holds every partial sum and
-    total) and ``G * max|x_d| * max|w_d| < 2**(q + b)`` for the lane's accumulation group G
+    product at least 2**-126, and, with 2**q dividing every dequantized product and the bias and
+    2**q_p every unscaled e4m3 product: the scaled total ``sum |x_d w_d| + |bias| < 2**(q + 24)``
+    (fp32 holds every scaled partial total), the unscaled ``sum |x w| < 2**(q_p + 24)`` (and every
+    unscaled accumulator) and ``G * max|x| * max|w| < 2**(q_p + b)`` for the lane's accumulation group G
     summed in b significant bits (14 in the Hopper tensor core's accumulator, 24 under the
     interpreter).  There the fp64 reference is exact and the output is its one rounding."""
     ops = _operands(batch)
@@ -238,6 +239,10 @@ def exact(batch: Batch, reference: Outputs) -> Outputs:
     min_scale = xsk.amin(dim=1)[:, None] * wsk.amin(dim=1)[None, :]
     xd, wd = ref.dequantize(x.to(dev), w.to(dev), ops["x_scale"].to(dev), ops["weight_scale"].to(dev), layout)
     q = quantum_exponent(xd).amin(dim=1)[:, None] + quantum_exponent(wd).amin(dim=1)[None, :]
+    # The tensor core and the fp32 accumulators sum the unscaled e4m3 products.
+    xu, wu = x.to(dev, torch.float64), w.to(dev, torch.float64)
+    q_products = quantum_exponent(xu).amin(dim=1)[:, None] + quantum_exponent(wu).amin(dim=1)[None, :]
+    unscaled_total = xu.abs() @ wu.abs().T
     total = xd.abs() @ wd.abs().T
     if ops["bias"] is not None:
         b = ops["bias"].to(dev, torch.float64)
@@ -245,11 +250,13 @@ def exact(batch: Batch, reference: Outputs) -> Outputs:
         total = total + b.abs()[None, :]
     group, group_eps = fast_fp8.accumulation(n, k, layout, x.device)
     bits = 24.0 if group_eps <= FP32_EPS else 14.0
-    group_max = group * xd.abs().amax(dim=1)[:, None] * wd.abs().amax(dim=1)[None, :]
+    group_max = group * xu.abs().amax(dim=1)[:, None] * wu.abs().amax(dim=1)[None, :]
+    qp = torch.clamp(q_products, min=-1000.0, max=1000.0)
     qc = torch.clamp(q, min=-1000.0, max=1000.0)
     fits = (
         (total * (1.0 + 2.0**-40) < torch.exp2(qc + 24.0))
-        & (group_max * (1.0 + 2.0**-40) < torch.exp2(qc + bits))
+        & (group_max * (1.0 + 2.0**-40) < torch.exp2(qp + bits))
+        & (unscaled_total * (1.0 + 2.0**-40) < torch.exp2(qp + 24.0))
         & (q >= -126.0)
         & torch.isfinite(q)
         & pow2

@@ -27,6 +27,7 @@ import batchinv.fast.kernels.softmax as softmax_kernels
 import batchinv.fast.kernels.swiglu as swiglu_kernels
 import batchinv.fast.kernels.topk as topk_kernels
 from batchinv.fast import decode_attention as attention_launcher
+from batchinv.fast import fp8_gemm as fp8_gemm_launcher
 from batchinv.fast import fp8_quant as fp8_quant_launcher
 from batchinv.fast import grouped_gemm as grouped_gemm_launcher
 from batchinv.fast import matmul as matmul_launcher
@@ -138,6 +139,27 @@ def matmul_tma_weight_tile_one_step_late() -> Callable[..., Any]:
         "b = b_desc.load([start_n, kt * BLOCK_K]).T",
         "b = b_desc.load([start_n, (kt + 1) * BLOCK_K]).T",
         "_k_step",
+    )
+
+
+def _fp8_gemm_kernel_subject(old: str, new: str) -> Callable[..., Any]:
+    kernel = mutate(matmul_kernels, "chunked_matmul_kernel", old, new)
+    return with_kernel(matmul_kernels, "chunked_matmul_kernel", kernel, fp8_gemm_launcher.fp8_gemm)
+
+
+def fp8_gemm_block_scale_one_block_late() -> Callable[..., Any]:
+    return _fp8_gemm_kernel_subject("c = kt // chunk_tiles", "c = (kt + 1) // chunk_tiles")
+
+
+def fp8_gemm_weight_scale_dropped() -> Callable[..., Any]:
+    return _fp8_gemm_kernel_subject(
+        "total = total * (tl.load(xs_ptr) * tl.load(ws_scale_ptr))", "total = total * tl.load(xs_ptr)"
+    )
+
+
+def fp8_gemm_token_scale_from_last_row() -> Callable[..., Any]:
+    return _fp8_gemm_kernel_subject(
+        "x_s = tl.load(xs_ptr + rows * stride_xs_m)", "x_s = tl.load(xs_ptr + (M - 1 - rows) * stride_xs_m)"
     )
 
 
