@@ -2,8 +2,8 @@
 
 Axes of a case: ``scales`` (the scale layout: ``tensor``, ``token``, ``block``), ``out`` dtype
 (bf16, or fp32 for router-like uses), ``n``, ``k``, ``rows`` (the full batch; the M sweep takes
-prefixes of it), ``bias`` (bf16), and ``values``: ``normal`` (random e4m3 values, random fp32
-scales), ``special`` (e4m3 bit patterns injected sparsely into x: NaN, +-0, subnormals, +-448),
+prefixes of it), ``bias`` (bf16), and ``values``: ``normal`` (random e4m3 values across its range, random
+fp32 scales), ``special`` (e4m3 bit patterns injected sparsely into x: NaN, +-0, subnormals, +-448),
 ``exact`` (small integers and power-of-two scales, so every product, partial sum and scaled
 total is exact in fp32 and in the Hopper tensor core's 13-bit accumulator).
 
@@ -81,7 +81,8 @@ def cases(lane: Lane) -> list[Case]:
     blocks); the issue's production shapes on GPU lanes."""
     if not lane.is_gpu:
         return [
-            _case(64, 200, 40, scales="tensor", bias=True),  # K: a block and a partial one
+            # fp32 out: the negative controls' other associations show (bf16 hides most of them)
+            _case(64, 200, 40, scales="tensor", out="fp32", bias=True),  # K: a block and a partial one
             _case(48, 160, 33, scales="token", out="fp32", bias=True, values="exact"),  # router-like, bitwise
             _case(136, 264, 24, scales="block", bias=True, values="special"),  # 2 N blocks, 3 K blocks
             _case(64, 288, 17, scales="block", values="exact"),  # bitwise
@@ -144,6 +145,12 @@ def _pow2(
     return torch.ldexp(torch.ones(shape), e).to(torch.float32)
 
 
+def _wide(rows: int, cols: int, gen: torch.Generator) -> torch.Tensor:
+    """A power of two per element, 2**-6 .. 2**6 (then times a normal draw: |values| from e4m3's
+    subnormals to about 2**8)."""
+    return torch.ldexp(torch.ones(rows, cols), torch.randint(-6, 7, (rows, cols), generator=gen))
+
+
 def build(case: Case, device: torch.device) -> Batch:
     """Inputs of ``case``: x and its row scales from ``case.seed``; the weight, its scales, the
     bias and a tensor-layout x scale from a seed of the axes (shared by every batch of them)."""
@@ -164,8 +171,11 @@ def build(case: Case, device: torch.device) -> Batch:
         # in the products' smallest unit (2**-15), 8 bits: exact in bf16 and in the fp32 total
         bias = torch.randint(-127, 128, (n,), generator=wgen).double() * 2.0**-15 if a["bias"] else None
     else:
-        x = (torch.randn((rows, k), generator=xgen) * 8).to(FP8)
-        weight = (torch.randn((n, k), generator=wgen) * 8).to(FP8)
+        # e4m3 values over most of its range (a random power of two per element): the products'
+        # sums then need more than fp32's 24 bits, so another association shows in the bits
+        # (with values of one binade the fp32 sums of e4m3 products are exact in any order).
+        x = (torch.randn((rows, k), generator=xgen) * _wide(rows, k, xgen)).to(FP8)
+        weight = (torch.randn((n, k), generator=wgen) * _wide(n, k, wgen)).to(FP8)
         x_scale = (torch.rand(xs_shape, generator=xgen if row_scales else wgen) + 0.5) * 2.0**-4
         weight_scale = (torch.rand(ws_shape, generator=wgen) + 0.5) * 2.0**-4 / k**0.5
         bias = torch.randn(n, generator=wgen) if a["bias"] else None
