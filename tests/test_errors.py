@@ -60,7 +60,7 @@ def test_every_implementation_refuses_meta_operands_naming_the_argument(componen
 @pytest.mark.gpu
 def test_the_only_public_out_parameter_refuses_a_tensor_requiring_grad(device):
     """Every public function of fast/ and reference/ with an ``out`` parameter (today
-    fast.matmul.matmul alone; a new one must join this test) refuses an ``out`` that requires
+    fast.matmul.matmul and fast.fp8_gemm.fp8_gemm; a new one must join this test) refuses an ``out`` that requires
     grad with ArgumentError naming 'out', as ``torch.mm(out=)`` does."""
     import importlib
     import inspect
@@ -78,9 +78,15 @@ def test_the_only_public_out_parameter_refuses_a_tensor_requiring_grad(device):
                 public = not fname.startswith("_") and not fname.startswith("check_")
                 if public and fn.__module__ == module.__name__ and "out" in inspect.signature(fn).parameters:
                     with_out.append(f"{module.__name__}.{fname}")
-    assert with_out == ["batchinv.fast.matmul.matmul"], with_out
+    assert with_out == ["batchinv.fast.fp8_gemm.fp8_gemm", "batchinv.fast.matmul.matmul"], with_out
+    from batchinv.fast.fp8_gemm import fp8_gemm
+
     x, w = torch.randn(4, 8, device=device), torch.randn(16, 8, device=device)
-    leaf = torch.empty(4, 16, device=device, requires_grad=True)
-    for out in (leaf, torch.empty(2, 4, 16, device=device, requires_grad=True)[0]):
-        with pytest.raises(ArgumentError, match=r"argument 'out'.*requires_grad"):
-            matmul(x, w, out=out)
+    x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    one = torch.ones(1, device=device)
+    calls = (lambda out: matmul(x, w, out=out), lambda out: fp8_gemm(x8, w8, one, one, out=out))
+    for call in calls:
+        leaf = torch.empty(4, 16, device=device, requires_grad=True)
+        for out in (leaf, torch.empty(2, 4, 16, device=device, requires_grad=True)[0]):
+            with pytest.raises(ArgumentError, match=r"argument 'out'.*requires_grad"):
+                call(out)

@@ -5,8 +5,8 @@ One program quantizes ``BLOCK_M`` rows of one *segment*: a whole row (per token)
 of ``seg_len`` elements.  Per segment: ``amax`` = the max of |x| over the finite elements (a
 max is exact and order-free, so neither the chunking nor the grid can change it), then
 ``scale = fl32(max(amax, MIN_AMAX) / 448)`` and ``q = e4m3(fl32(x / scale))``, both divisions
-``tl.math.div_rn`` (IEEE round to nearest: ``div.rn.f32`` on NVIDIA GPUs, numpy's fp32 division
-in the interpreter; Triton's plain ``/`` is the approximate ``div.full.f32`` on GPUs).  A
+correctly rounded fp32 quotients (:func:`div_rn`: in fp64, rounded once to fp32; Triton's plain
+fp32 ``/`` is the approximate ``div.full.f32`` on GPUs).  A
 segment that fits one ``BLOCK_K`` chunk (``SINGLE_CHUNK``) stays in registers between the two
 passes; a longer one is read twice.
 
@@ -39,10 +39,20 @@ POS_INF: tl.constexpr = tl.constexpr(float("inf"))
 
 
 @triton.jit
-def e4m3_rne_satfinite(v):
+def div_rn(a, b):
+    """``fl32(a / b)`` correctly rounded, for fp32 ``a`` and ``b``: the quotient in fp64, rounded
+    once to fp32 (53 >= 2 * 24 + 2 bits, so the double rounding is innocuous: Figueroa, "When is
+    double rounding innocuous?", 1995).  Not ``tl.math.div_rn``: its fp32 quotient differed from
+    IEEE's by an ulp on the H200 (run 38), moving e4m3 near-ties."""
+    return (a.to(tl.float64) / b.to(tl.float64)).to(tl.float32)
+
+
+@triton.jit
+def e4m3_rne_satfinite(v, sign_of):
     """The float8_e4m3fn bits (uint8) of fp32 ``v``: round to nearest even, e4m3 subnormals
-    kept, |v| >= 448 (+-inf included) saturated to 0x7E, NaN -> 0x7F, the sign bit of ``v``
-    kept on every result (-0.0 -> 0x80, -NaN -> 0xFF).
+    kept, |v| >= 448 (+-inf included) saturated to 0x7E, NaN -> 0x7F, the sign bit of
+    ``sign_of`` (the input x, whose quotient by a positive scale has its sign; a GPU division
+    returns NaN without its sign) on every result (-0.0 -> 0x80, -NaN -> 0xFF).
 
     On the magnitude bits ``a`` (uint32): normal e4m3 (|v| >= 2^-6, a >= 121 << 23): drop 20
     mantissa bits to nearest even (add 0x7FFFF plus the kept LSB) and rebias the exponent
@@ -53,7 +63,7 @@ def e4m3_rne_satfinite(v):
     clamped so that no uint32 operation wraps and no shift reaches 32.
     """
     bits = v.to(tl.uint32, bitcast=True)
-    sign = (bits >> 24) & 0x80
+    sign = (sign_of.to(tl.uint32, bitcast=True) >> 24) & 0x80
     a = bits & 0x7FFFFFFF
     an = tl.minimum(a, 0x43E00000)  # 448.0: the saturated values are replaced below
     normal = ((an + 0x7FFFF + ((an >> 20) & 1)) >> 20) - (120 << 3)
@@ -132,16 +142,16 @@ def fp8_quant_kernel(
             mask = row_mask[:, None] & (c[None, :] < seg_end)
             xf = _load_fp32(x_rows + c[None, :].to(tl.int64) * stride_xk, mask)
             amax = tl.maximum(amax, tl.max(_finite_abs(xf), axis=1))
-    scale = tl.math.div_rn(tl.maximum(amax, MIN_AMAX), tl.full([BLOCK_M], E4M3_MAX, tl.float32))
+    scale = div_rn(tl.maximum(amax, MIN_AMAX), tl.full([BLOCK_M], E4M3_MAX, tl.float32))
     tl.store(scale_ptr + rows64 * stride_sm + seg, scale, mask=row_mask)
 
     if SINGLE_CHUNK:
-        q = e4m3_rne_satfinite(tl.math.div_rn(xf, scale[:, None]))
+        q = e4m3_rne_satfinite(div_rn(xf, scale[:, None]), xf)
         tl.store(q_rows + c[None, :].to(tl.int64), q, mask=mask)
     else:
         for start in range(0, seg_len, BLOCK_K):
             c = seg_start + start + cols
             mask = row_mask[:, None] & (c[None, :] < seg_end)
             xf = _load_fp32(x_rows + c[None, :].to(tl.int64) * stride_xk, mask)
-            q = e4m3_rne_satfinite(tl.math.div_rn(xf, scale[:, None]))
+            q = e4m3_rne_satfinite(div_rn(xf, scale[:, None]), xf)
             tl.store(q_rows + c[None, :].to(tl.int64), q, mask=mask)
