@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from batchinv.reference.errors import ArgumentError, DTypeError, check_tensor
+from batchinv.reference.exact import power_of_two
 
 #: Input dtypes of x.
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
@@ -123,13 +124,15 @@ def e4m3_rne_satfinite(v: torch.Tensor) -> torch.Tensor:
     a = torch.where(saturated, torch.zeros_like(a), a)  # finite, < 448, from here on
     _, exponent = torch.frexp(a)  # a in [2^(exponent - 1), 2^exponent); a = 0 gives 0
     e = torch.clamp(exponent.to(torch.int64) - 1, min=-6)  # binade; the subnormal range below 2^-6
-    spacing = torch.pow(2.0, (e - 3).to(torch.float64))  # the e4m3 grid around a: exact
+    # The e4m3 grid around a, exact: built from the bits (CUDA's pow is not correctly rounded;
+    # an off-by-an-ulp spacing turns exact ties into near-ties, seen on the H200, run 39).
+    spacing = power_of_two(e - 3)
     n = torch.round(a / spacing)  # a / spacing is exact (a power of two); half to even
     value = n * spacing  # the rounded magnitude, <= 448 (exact)
     _, value_exponent = torch.frexp(value)
     ve = value_exponent.to(torch.int64) - 1  # value's binade (value = 0: -1, below -6 too)
     normal = value >= 2.0**-6
-    mantissa = torch.round((value / torch.pow(2.0, ve.to(torch.float64)) - 1.0) * 8.0)  # 0..7, exact
+    mantissa = torch.round((value / power_of_two(torch.clamp(ve, min=-1022)) - 1.0) * 8.0)  # 0..7, exact
     code_normal = ((ve + 7) << 3) + mantissa.to(torch.int64)
     code_sub = torch.round(value / 2.0**-9).to(torch.int64)  # 0..7 (8 is the normal 2^-6)
     code = torch.where(normal, code_normal, code_sub)

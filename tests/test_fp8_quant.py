@@ -330,3 +330,21 @@ def test_property_agreement_and_row_locality():
             assert compare_bitwise(o[i : i + 1], a).equal
 
     prop()
+
+
+def test_no_reference_uses_cuda_pow():
+    """References run on the GPU lane's device: CUDA's ``torch.pow`` (and ``exp2``) is not
+    correctly rounded, and an e4m3 grid spacing off by an ulp moved exact ties of fp8_quant's
+    reference on the H200 (run 39).  Powers of two come from ``reference.exact.power_of_two``."""
+    import pathlib
+
+    import batchinv.reference
+
+    root = pathlib.Path(batchinv.reference.__file__).parent
+    offenders = [
+        f"{path.name}:{number}"
+        for path in sorted(root.glob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if ("torch.pow(" in line or "torch.exp2(" in line) and not line.lstrip().startswith("#")
+    ]
+    assert offenders == [], offenders
