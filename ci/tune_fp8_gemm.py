@@ -86,7 +86,7 @@ def scaled_mm(ops: dict) -> torch.Tensor:
         )
     st = torch.nn.functional.ScalingType
     return torch.nn.functional.scaled_mm(
-        x, w.t(), ops["x_scale"], st.BlockWise1x128, ops["weight_scale"], st.BlockWise128x128,
+        x, w.t(), ops["x_scale"].t().contiguous().t(), st.BlockWise1x128, ops["weight_scale"].t(), st.BlockWise128x128,
         output_dtype=torch.bfloat16,
     )  # fmt: skip
 

@@ -81,7 +81,7 @@ def torch_scaled_mm(
             b,
             x_scale.t().contiguous().t(),  # cuBLASLt reads the 1x128 scales column-major
             st.BlockWise1x128,
-            weight_scale,
+            weight_scale.t(),  # as [KB, NB] with unit stride along KB (b is [K, N])
             st.BlockWise128x128,
             output_dtype=out_dtype,
         )
