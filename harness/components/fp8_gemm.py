@@ -20,9 +20,7 @@ with their rows through every check.
 
 from __future__ import annotations
 
-import functools
 import zlib
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -33,6 +31,7 @@ from batchinv.fast import matmul as fast_matmul
 from batchinv.fast.device import arch
 from batchinv.fast.matmul_config import Execution, MatmulConfig, executions
 from batchinv.harness.bitpatterns import catalogue, inject
+from batchinv.harness.components.matmul import execution_configs
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import (
     ALL_LANES,
@@ -285,25 +284,8 @@ def configs(batch: Batch, lane: Lane) -> dict[str, Any]:
     n = weight.shape[0]
     ran = fast_matmul.plan(m, n, k, FP8, x.device, scale_layout=layout).config
     key = arch(x.device if lane.is_gpu else None)
-    variants: list[Execution] = []
-    for ex in executions(key, FP8, n):
-        variants.append(ex)
-        if lane.is_gpu:
-            variants.append(
-                replace(ex, num_warps=8 if ex.num_warps == 4 else 4, num_stages=max(2, ex.num_stages - 1))
-            )
-    if not lane.is_gpu:
-        variants += [
-            Execution(32, 128, group_m=1),
-            Execution(128, 32, num_warps=8),
-            Execution(16, 32, tma=True),
-        ]
-    out = {}
-    for ex in dict.fromkeys(variants):
-        cfg = MatmulConfig(ran.tree, ex)
-        if cfg != ran:
-            out[cfg.name] = functools.partial(fast_fp8.fp8_gemm, config=cfg)
-    return out
+    interpreter_extra = [Execution(32, 128, group_m=1), Execution(16, 32, tma=True)]
+    return execution_configs(ran, executions(key, FP8, n), lane, interpreter_extra, fast_fp8.fp8_gemm)
 
 
 def error_cases(device: torch.device) -> list[ErrorCase]:

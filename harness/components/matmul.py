@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -311,25 +312,40 @@ def configs(batch: Batch, lane: Lane) -> dict[str, Any]:
     m, k = x.shape
     ran = fast_matmul.plan(m, n, k, x.dtype, x.device).config
     key = arch(x.device if lane.is_gpu else None)
+    interpreter_extra = [
+        Execution(32, 128, group_m=1, split_k=True),
+        Execution(128, 32, num_warps=8),
+        Execution(64, 64, tma=True),  # TMA reads where the operands allow (else pointers)
+        Execution(16, 128, split_k=True, tma=True),
+    ]
+    return execution_configs(ran, executions(key, x.dtype, n), lane, interpreter_extra, fast_matmul.matmul)
+
+
+def execution_configs(
+    ran: MatmulConfig,
+    table: Sequence[Execution],
+    lane: Lane,
+    interpreter_extra: Sequence[Execution],
+    fn: Callable[..., Any],
+) -> dict[str, Any]:
+    """``{config name: fn pinned to it}`` for every execution of ``table`` with ``ran``'s tree
+    but ``ran`` itself; on GPU lanes each also with the other warps count (4 <-> 8) and one stage
+    fewer, under the interpreter ``interpreter_extra`` too (the matmul's and fp8_gemm's
+    ``configs``)."""
     variants: list[Execution] = []
-    for ex in executions(key, x.dtype, n):
+    for ex in table:
         variants.append(ex)
         if lane.is_gpu:
             variants.append(
                 replace(ex, num_warps=8 if ex.num_warps == 4 else 4, num_stages=max(2, ex.num_stages - 1))
             )
     if not lane.is_gpu:
-        variants += [
-            Execution(32, 128, group_m=1, split_k=True),
-            Execution(128, 32, num_warps=8),
-            Execution(64, 64, tma=True),  # TMA reads where the operands allow (else pointers)
-            Execution(16, 128, split_k=True, tma=True),
-        ]
+        variants += interpreter_extra
     out = {}
     for ex in dict.fromkeys(variants):
         cfg = MatmulConfig(ran.tree, ex)
         if cfg != ran:
-            out[cfg.name] = functools.partial(fast_matmul.matmul, config=cfg)
+            out[cfg.name] = functools.partial(fn, config=cfg)
     return out
 
 
