@@ -44,7 +44,7 @@ import torch
 
 from batchinv.reference import matmul as ref_matmul
 from batchinv.reference.errors import ArgumentError, DTypeError, check_same_device, check_tensor
-from batchinv.reference.exact import round_once
+from batchinv.reference.exact import power_of_two, round_once
 
 #: Consecutive K elements of a weight row sharing one e4m3 block scale.
 BLOCK = 16
@@ -188,7 +188,7 @@ def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
     c = codes.to(torch.int64)
     sign, exponent, mantissa = (c >> 3) & 1, (c >> 1) & 3, c & 1
     mant = mantissa.to(torch.float64)
-    normal = torch.ldexp(1.0 + mant / 2.0, exponent - 1)  # 2**(e-1) * (1 + m/2)
+    normal = (1.0 + mant / 2.0) * power_of_two(exponent - 1)  # 2**(e-1) * (1 + m/2), exact on CUDA too
     magnitude = torch.where(exponent == 0, mant / 2.0, normal)
     return torch.where(sign == 1, -magnitude, magnitude)
 
