@@ -3,13 +3,14 @@
     python ci/tune_fp8_gemm.py OUTDIR        # table on stdout, OUTDIR/tune_fp8_gemm.json
 
 For each shape of issue 12's speed table it times, against ``torch._scaled_mm`` (cuBLASLt, no
-fast accumulation, bf16 output) in the same run, every candidate execution (walks only, 64- and
-128-row tiles: wgmma) of the table's tree and of the same tree promoting every 128 products
-instead of 32 (``promote_k``: bits differ, speed reported), at M in {1, 8, 32, 128, 512, 2048},
-and prints the best per M.  Within each tree it compares every candidate's bits at M = 64 with
-the first's: a candidate whose bits differ is marked and may not ship (``config_equivalence``
-re-checks whatever ships).  It also probes the tensor core: one group of 32 products whose
-exact sum needs more than 14 bits, with promotion every 32 and every 128.
+fast accumulation, bf16 output) in the same run, candidate executions (walks only, 64- and
+128-row tiles: wgmma) of the table's tree with a promotion every 128 products, in K steps of 128
+and (whole-K layouts) 256, at M in {1, 8, 32, 128, 512, 2048}, and prints the best per M.  Every
+candidate's bits at M = 64 are compared with the shipped config's: one that differs is marked
+and may not ship (``config_equivalence`` re-checks whatever ships).  It also probes the tensor
+core: one group of 32 products whose exact sum needs more than 14 bits, summed with a promotion
+every 32 and every 128 products (run 35: 13 fraction bits, truncated).  Round 1 (run 35) also
+timed a promotion every 32 products (15-40% slower; not shipped).
 """
 
 from __future__ import annotations
