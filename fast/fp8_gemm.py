@@ -58,8 +58,10 @@ def fp8_gemm(
     The fixed formula (fp32, IEEE round to nearest, no fused multiply-add): the unscaled products
     ``x[m, k] * w[n, k]`` (exact) are summed along the reduction tree of (arch, scale layout, N,
     K) (:func:`batchinv.fast.matmul_config.reduction_tree`): on an H100/H200 the FP8 tensor core
-    sums 32 products at a time (one wgmma k-step, its own 13-bit accumulator, from zero) and each
-    such sum is added to an fp32 accumulator in increasing k (``promote_k``); then
+    sums the tree's ``promote_k`` products at a time (128 on sm90: four wgmma k-steps of 32, in
+    its own accumulator of 13 truncating fraction bits, from zero) and each such sum is added to
+    an fp32 accumulator in increasing k; under the Triton interpreter (the cpu lane) each K step
+    of ``block_k`` products is summed by one fp32 ``tl.sum`` instead; then
 
     * ``"tensor"`` / ``"token"``: one accumulator over all of K, ``y = fl(A * fl(xs * ws))``
       once at the end (``xs`` the token's or the tensor's scale, ``ws`` the channel's or tensor's);
@@ -76,8 +78,12 @@ def fp8_gemm(
     x : Tensor [M, K], float8_e4m3fn, any strides
     weight : Tensor [N, K], float8_e4m3fn (``F.linear``'s layout), any strides
     x_scale, weight_scale : fp32 dequantization scales (real value = stored * scale):
-        ``"tensor"``: one element each; ``"token"``: ``[M, 1]`` and ``[N, 1]``; ``"block"``:
-        ``[M, ceil(K/128)]`` and ``[ceil(N/128), ceil(K/128)]``
+        ``"tensor"``: one element each (any shape); ``"token"``: ``[M, 1]`` and ``[N, 1]``;
+        ``"block"``: ``[M, ceil(K/128)]`` and ``[ceil(N/128), ceil(K/128)]``.
+        :func:`batchinv.fast.fp8_quant.fp8_quant` gives ``(x, x_scale)`` for ``"token"``
+        (``group_size=None``) and ``"block"`` (``group_size=128``), and ``(weight,
+        weight_scale)`` for ``"token"`` (one scale per output channel); a 128 x 128 block
+        weight scale is not one of its layouts (README, "FP8 from Python", has a recipe).
     bias : Tensor [N], bf16 or fp32, optional
     scale_layout : {"tensor", "token", "block"}
     out_dtype : bf16 (default) or fp32 (router-like uses: the fp32 result unrounded)
@@ -99,7 +105,8 @@ def fp8_gemm(
     ------
     DTypeError, ArgumentError, DeviceError
         As :func:`batchinv.reference.fp8_gemm.validate`; ``out`` as the matmul's; a split-K
-        ``config`` (ArgumentError naming ``config``).
+        ``config`` (ArgumentError naming ``config``); DeviceError for CPU tensors without the
+        Triton interpreter (``TRITON_INTERPRET=1`` set before triton is imported).
 
     Source
     ------

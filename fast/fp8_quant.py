@@ -125,6 +125,8 @@ def fp8_quant(x: torch.Tensor, *, group_size: int | None = None) -> tuple[torch.
     q : Tensor [M, K], float8_e4m3fn, contiguous.
     scale : Tensor [M, NG], float32 (NG = 1 per token, ceil(K / G) per group): the
         dequantization scale (x ~= q * scale), as ``torch._scaled_mm``, vLLM and DeepSeek-V3.
+        ``(q, scale)`` are :func:`batchinv.fast.fp8_gemm.fp8_gemm`'s ``(x, x_scale)`` as they
+        come: ``scale_layout="token"`` per token, ``"block"`` with ``group_size=128``.
     Bitwise invariant along M, a row's position and neighbours, its place in memory, the
     config and repeated calls: a group's scale reads only that group.  NaN -> NaN (0x7F with
     the input's sign bit), +-inf -> +-448, -0.0 -> -0.0.

@@ -409,7 +409,7 @@ COMPONENT = Component(
             "other_accumulation_group",
             bl.other_accumulation_group,
             "config_equivalence's negative control: the table's execution with another accumulation group "
-            "(the tensor core's 13-bit accumulator summing 128 products before each fp32 promotion on a GPU, "
+            "(an fp32 promotion every 32 products, one wgmma k-step, instead of the tree's 128 on a GPU; "
             "half the K step under the interpreter): batch-invariant, other bits",
             expected_to_vary_on=ALL_LANES,
             timed=False,
