@@ -86,7 +86,8 @@ def fp8_gemm(
     out : Tensor [M, N] of ``out_dtype``, optional
         Preallocated output (as :func:`batchinv.fast.matmul.matmul`'s ``out``).
     config : MatmulConfig, optional
-        Overrides both tables (tests, tuning, ``config_equivalence``); a walk only.
+        Overrides both tables (tests, tuning, ``config_equivalence``); a walk only, and for
+        block scales a tree with ``chunk_k = 128``.
 
     Returns
     -------
@@ -99,7 +100,8 @@ def fp8_gemm(
     ------
     DTypeError, ArgumentError, DeviceError
         As :func:`batchinv.reference.fp8_gemm.validate`; ``out`` as the matmul's; a split-K
-        ``config`` (ArgumentError naming ``config``).
+        ``config``, or for block scales a ``config`` whose tree's ``chunk_k`` is not 128 (the
+        chunks must be the scale blocks) (ArgumentError naming ``config``).
 
     Source
     ------

@@ -31,7 +31,7 @@ from batchinv.fast import fp8_gemm as fast_fp8
 from batchinv.fast import fp8_gemm_baselines as bl
 from batchinv.fast import matmul as fast_matmul
 from batchinv.fast.device import arch
-from batchinv.fast.matmul_config import Execution, MatmulConfig, executions
+from batchinv.fast.matmul_config import Execution, MatmulConfig, ReductionTree, executions
 from batchinv.harness.bitpatterns import catalogue, inject
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import (
@@ -353,6 +353,25 @@ def error_cases(device: torch.device) -> list[ErrorCase]:
         ErrorCase("out_fp16", {**ok, "out_dtype": torch.float16}, DTypeError, "'out_dtype'"),
         ErrorCase("weight_on_meta", {**ok, "weight": t(16, 256, dev="meta")}, DeviceError, "'weight'"),
         ErrorCase(
+            "x_negative_bit",
+            {**ok, "x": torch._neg_view(t(4, 256))},
+            ArgumentError,
+            "'x'.*negative bit",
+        ),
+        ErrorCase(
+            "block_config_other_chunks",
+            {
+                **ok,
+                "x_scale": s(4, 2),
+                "weight_scale": s(1, 2),
+                "scale_layout": "block",
+                "config": MatmulConfig(ReductionTree(32, 64), Execution(16, 64)),
+            },
+            ArgumentError,
+            "'config'.*chunk_k = 128",
+            applies_to=("fast",),
+        ),
+        ErrorCase(
             "split_config",
             {**ok, "config": MatmulConfig(ref_tree(), Execution(16, 64, split_k=True))},
             ArgumentError,
@@ -364,8 +383,6 @@ def error_cases(device: torch.device) -> list[ErrorCase]:
 
 def ref_tree() -> Any:
     """A valid reduction tree for the split-config error case."""
-    from batchinv.fast.matmul_config import ReductionTree
-
     return ReductionTree(32, 1 << 30)
 
 
