@@ -59,6 +59,8 @@ SPECIAL_DENSITY = 0.003
 #: ``exact`` operands: integers in [-7, 7] (products <= 49: a 32-product group stays below
 #: 2**11, a 128-product one below 2**13, and K = 7168 below 2**19) and power-of-two scales.
 EXACT_INT = 7
+#: 2**128: fp32 values (and exact sums of multiples of 2**q below 2**(q + 24)) stay finite below it.
+FP32_OVERFLOW = 2.0**128
 
 
 def _case(
@@ -236,7 +238,9 @@ def exact(batch: Batch, reference: Outputs) -> Outputs:
     (fp32 holds every scaled partial total), the unscaled ``sum |x w| < 2**(q_p + 24)`` (and every
     unscaled accumulator) and ``G * max|x| * max|w| < 2**(q_p + b)`` for the lane's accumulation group G
     summed in b significant bits (14 in the Hopper tensor core's accumulator, 24 under the
-    interpreter).  There the fp64 reference is exact and the output is its one rounding."""
+    interpreter).  Every scale product and that scaled total below 2**128 (no fp32 step of the
+    scaling overflows: ``fl(A * inf)`` or ``inf - inf`` would make a NaN of an exact value).
+    There the fp64 reference is exact and the output is its one rounding."""
     ops = _operands(batch)
     x, w, layout = ops["x"], ops["weight"], ops["scale_layout"]
     ref_out = reference[0]
@@ -247,6 +251,7 @@ def exact(batch: Batch, reference: Outputs) -> Outputs:
     wsk = ref.weight_scales(ops["weight_scale"].to(dev), layout, n, k)
     pow2 = _is_power_of_two(xsk).all(dim=1)[:, None] & _is_power_of_two(wsk).all(dim=1)[None, :]
     min_scale = xsk.amin(dim=1)[:, None] * wsk.amin(dim=1)[None, :]
+    max_scale = xsk.amax(dim=1)[:, None] * wsk.amax(dim=1)[None, :]
     xd, wd = ref.dequantize(x.to(dev), w.to(dev), ops["x_scale"].to(dev), ops["weight_scale"].to(dev), layout)
     q = quantum_exponent(xd).amin(dim=1)[:, None] + quantum_exponent(wd).amin(dim=1)[None, :]
     # The tensor core and the fp32 accumulators sum the unscaled e4m3 products.
@@ -271,6 +276,8 @@ def exact(batch: Batch, reference: Outputs) -> Outputs:
         & torch.isfinite(q)
         & pow2
         & (min_scale >= 2.0**-126)
+        & (max_scale < FP32_OVERFLOW)
+        & (total < FP32_OVERFLOW)
     )
     return (fits & torch.isfinite(ref_out),)
 
