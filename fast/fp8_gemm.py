@@ -94,7 +94,11 @@ def fp8_gemm(
     Tensor [M, N] of ``out_dtype``
         Bitwise invariant along M, row position and neighbours, the planned SM count, the
         execution and repeated calls.  A NaN operand (e4m3fn 0x7F / 0xFF) makes its outputs
-        NaN; the sign of an exactly-zero result is not specified but invariant.
+        NaN; the sign of an exactly-zero result is not specified but invariant.  The reference
+        is matched for finite scales whose fp32 products ``xs * ws`` and scaled partial totals
+        stay finite; beyond that (an infinite scale, ``2**100 * 2**100``) the output is the
+        fixed formula's (``fl(A * inf)``: +-inf, NaN where ``A = 0``; ``inf - inf``: NaN), still
+        invariant, where the reference's ``x * inf`` makes every zero operand NaN.
 
     Raises
     ------

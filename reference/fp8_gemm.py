@@ -203,7 +203,9 @@ def fp8_gemm(
         The operands dequantized exactly (:func:`dequantize`), one fp64 dot product per output
         (error about K * 2**-53 of ``|x_d| @ |w_d|``, inside the bounds below).  Row ``m``
         depends on ``x[m]`` and its own scales alone.  A NaN operand (e4m3fn's 0x7F / 0xFF)
-        makes its outputs NaN; e4m3fn has no infinity.
+        makes its outputs NaN; e4m3fn has no infinity.  An infinite scale makes each zero
+        operand it scales NaN (``0 * inf``), unlike the fast kernel, which scales the sums:
+        the two are compared on finite scales only (:mod:`batchinv.fast.fp8_gemm`).
 
     Raises
     ------
