@@ -92,21 +92,28 @@ def fp8_gemm(
     out : Tensor [M, N] of ``out_dtype``, optional
         Preallocated output (as :func:`batchinv.fast.matmul.matmul`'s ``out``).
     config : MatmulConfig, optional
-        Overrides both tables (tests, tuning, ``config_equivalence``); a walk only.
+        Overrides both tables (tests, tuning, ``config_equivalence``); a walk only, and for
+        block scales a tree with ``chunk_k = 128``.
 
     Returns
     -------
     Tensor [M, N] of ``out_dtype``
         Bitwise invariant along M, row position and neighbours, the planned SM count, the
         execution and repeated calls.  A NaN operand (e4m3fn 0x7F / 0xFF) makes its outputs
-        NaN; the sign of an exactly-zero result is not specified but invariant.
+        NaN; the sign of an exactly-zero result is not specified but invariant.  The reference
+        is matched for finite scales whose fp32 products ``xs * ws`` and scaled partial totals
+        stay finite; beyond that (an infinite scale, ``2**100 * 2**100``) the output is the
+        fixed formula's (``fl(A * inf)``: +-inf, NaN where ``A = 0``; ``inf - inf``: NaN), still
+        invariant, where the reference's ``x * inf`` makes every zero operand NaN.
 
     Raises
     ------
     DTypeError, ArgumentError, DeviceError
         As :func:`batchinv.reference.fp8_gemm.validate`; ``out`` as the matmul's; a split-K
-        ``config`` (ArgumentError naming ``config``); DeviceError for CPU tensors without the
-        Triton interpreter (``TRITON_INTERPRET=1`` set before triton is imported).
+        ``config``, or for block scales a ``config`` whose tree's ``chunk_k`` is not 128 (the
+        chunks must be the scale blocks) (ArgumentError naming ``config``); DeviceError for CPU
+        tensors without the Triton interpreter (``TRITON_INTERPRET=1`` set before triton is
+        imported).
 
     Source
     ------

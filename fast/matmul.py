@@ -316,13 +316,21 @@ def _launch(
     scales: ScaleOperands | None = None,
 ) -> None:
     """Launch the main kernel (and the chunk-sum kernel of a split execution).  ``scales``: an
-    FP8 launch's scales (a walk: the launcher refuses a split execution with scales)."""
+    FP8 launch's scales (a walk: the launcher refuses a split execution with scales, and for
+    block scales a tree whose chunks are not the :data:`SCALE_BLOCK`-wide K blocks)."""
     from batchinv.fast.kernels.matmul import chunk_sum_kernel, chunked_matmul_kernel
 
     tree, ex = p.config.tree, p.config.execution
     if scales is not None and ex.split_k:
         raise ArgumentError(
             "config", "a walk (split_k=False) for an FP8 launch (issue 12: no split-K)", ex.name
+        )
+    if scales is not None and scales.code == SCALE_CODES["block"] and tree.chunk_k != SCALE_BLOCK:
+        # the kernel scales chunk c by the scales of K block c: a chunk must be a scale block
+        raise ArgumentError(
+            "config",
+            f"a tree with chunk_k = {SCALE_BLOCK} for block scales (a chunk is a scale block)",
+            f"chunk_k = {tree.chunk_k}",
         )
     xs, wss = (scales.x_scale, scales.weight_scale) if scales is not None else (out, out)
     # The split execution's chunk sums: fp32 [chunks, M, N], every element written before read.

@@ -94,13 +94,20 @@ def validate(
         ``x`` or ``weight`` not ``float8_e4m3fn``; a scale not fp32; ``bias`` not bf16 / fp32;
         ``out_dtype`` not bf16 / fp32.
     ArgumentError
-        Non-2-D ``x`` / ``weight``, K differing, unknown ``scale_layout``, a scale of the wrong
+        Non-2-D ``x`` / ``weight``, either with the negative bit set (``torch._neg_view``: torch
+        has no float8 negation to materialize it), K differing, unknown ``scale_layout``, a scale of the wrong
         shape for the layout, ``bias`` not ``[N]``.
     DeviceError
         An operand on another device than ``x``, or on the meta device.
     """
     check_tensor("x", x, dtypes=(FP8_DTYPE,), ndim=2)
     check_tensor("weight", weight, dtypes=(FP8_DTYPE,), ndim=2)
+    for name, t in (("x", x), ("weight", weight)):
+        if t.is_neg():
+            # torch has no float8 negation to resolve the bit with (``neg_cpu`` / ``neg_cuda``)
+            raise ArgumentError(
+                name, "a tensor without the negative bit set (torch cannot negate float8)", "a negative view"
+            )
     check_same_device("weight", weight, x.device)
     if scale_layout not in SCALE_LAYOUTS:
         raise ArgumentError("scale_layout", f"one of {SCALE_LAYOUTS}", scale_layout)
@@ -196,7 +203,9 @@ def fp8_gemm(
         The operands dequantized exactly (:func:`dequantize`), one fp64 dot product per output
         (error about K * 2**-53 of ``|x_d| @ |w_d|``, inside the bounds below).  Row ``m``
         depends on ``x[m]`` and its own scales alone.  A NaN operand (e4m3fn's 0x7F / 0xFF)
-        makes its outputs NaN; e4m3fn has no infinity.
+        makes its outputs NaN; e4m3fn has no infinity.  An infinite scale makes each zero
+        operand it scales NaN (``0 * inf``), unlike the fast kernel, which scales the sums:
+        the two are compared on finite scales only (:mod:`batchinv.fast.fp8_gemm`).
 
     Raises
     ------

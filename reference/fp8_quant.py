@@ -174,7 +174,7 @@ def fp8_quant(x: torch.Tensor, *, group_size: int | None = None) -> tuple[torch.
     """
     check_fp8_quant_args(x, group_size)
     m, k = x.shape
-    g = k if group_size is None else group_size
+    g = k if group_size is None else min(group_size, k)  # a group past K is the row: pad to K, not G
     ng = num_groups(k, group_size)
     x64 = x.to(torch.float64)  # [M, K], exact
     padded = torch.zeros((m, ng * g), dtype=torch.float64, device=x.device)  # [M, NG * G]

@@ -17,6 +17,7 @@ from batchinv.fast import fp8_gemm_baselines as bl
 from batchinv.fast.matmul_config import EXECUTION_TABLE, FP8, TREE_TABLE, reduction_tree
 from batchinv.harness.components import fp8_gemm as component
 from batchinv.harness.lanes import Lane
+from batchinv.harness.registry import Batch
 from batchinv.harness.subjects import Unsupported
 from batchinv.reference import fp8_gemm as ref
 from batchinv.reference.errors import ArgumentError
@@ -183,3 +184,50 @@ def test_split_k_small_m_splits_at_a_block_boundary() -> None:
     split = bl.split_k_small_m(**small)
     assert split.shape == pinned.shape
     assert not torch.equal(split.view(torch.int32), pinned.view(torch.int32))
+
+
+def _exact_mask(ops: dict) -> torch.Tensor:
+    rows = {"x": ops["x"]}
+    shared = {key: value for key, value in ops.items() if key != "x"}
+    if ops["scale_layout"] != "tensor":
+        rows["x_scale"] = shared.pop("x_scale")
+    batch = Batch(rows, shared)
+    (mask,) = component.exact(batch, (ref.fp8_gemm(**ops),))
+    return mask
+
+
+@pytest.mark.cpu
+def test_exact_envelope_excludes_fp32_overflow_of_the_scaling() -> None:
+    """Power-of-two scales whose fp32 product overflows (2**100 * 2**100), and block totals
+    whose fp32 partial sum overflows (2**128 - 2**128): the reference's exact value is 0, the
+    fixed formula's ``fl(A * inf)`` / ``inf - inf`` NaN.  The envelope must not claim those
+    (it did: every condition holds in exponents, none bounds fp32's range)."""
+    x = torch.tensor([[1.0, 1.0], [2.0, 0.5]]).to(FP8_DTYPE)
+    w = torch.tensor([[1.0, -1.0], [1.0, 1.0]]).to(FP8_DTYPE)
+    tensor_ops = {
+        "x": x,
+        "weight": w,
+        "x_scale": torch.tensor([2.0**100]),
+        "weight_scale": torch.tensor([2.0**100]),
+        "bias": None,
+        "scale_layout": "tensor",
+        "out_dtype": torch.float32,
+    }
+    block_ops = {
+        "x": torch.ones(1, 256).to(FP8_DTYPE),
+        "weight": torch.tensor([[1.0] * 128 + [-1.0] * 128]).to(FP8_DTYPE),
+        "x_scale": torch.full((1, 2), 2.0**60),
+        "weight_scale": torch.full((1, 2), 2.0**61),
+        "bias": None,
+        "scale_layout": "block",
+        "out_dtype": torch.float32,
+    }
+    for ops in (tensor_ops, block_ops):
+        got = fast_fp8.fp8_gemm(**ops)
+        want = round_once(ref.fp8_gemm(**ops), torch.float32)
+        assert bool(torch.isnan(got[0, 0])) and float(want[0, 0]) == 0.0  # the fixed formula's NaN
+        assert not bool(_exact_mask(ops)[0, 0])
+    # the same shapes at scales whose products stay in range are exact, and the kernel agrees
+    in_range = {**tensor_ops, "x_scale": torch.tensor([2.0**60]), "weight_scale": torch.tensor([2.0**60])}
+    assert bool(_exact_mask(in_range).all())
+    assert torch.equal(fast_fp8.fp8_gemm(**in_range), round_once(ref.fp8_gemm(**in_range), torch.float32))

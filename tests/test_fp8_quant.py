@@ -225,6 +225,17 @@ def test_group_scales_read_their_own_group_and_the_short_last_group():
     assert torch.equal(q1.view(torch.uint8), q0.view(torch.uint8)) and torch.equal(s1, s0)
 
 
+def test_a_group_far_longer_than_k_is_one_group_without_padding_to_it():
+    """``group_size`` 2**40 on a K of 300 (valid: one group of K per row).  The reference padded
+    every row to the group size (``[M, 2**40]`` fp64: an allocation failure, a crash on a valid
+    input); both paths now give the per-token result."""
+    x = torch.randn(3, 300, generator=torch.Generator().manual_seed(5))
+    q0, s0 = reference.fp8_quant(x)
+    for fn in (reference.fp8_quant, fast.fp8_quant):
+        q, s = fn(x, group_size=2**40)
+        assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8)) and torch.equal(s, s0)
+
+
 def test_dequantization_is_close():
     """x ~= q * scale within half an e4m3 spacing (relative 2^-4) plus the subnormal quantum."""
     g = torch.Generator().manual_seed(4)

@@ -29,7 +29,7 @@ from batchinv.fast import fp8_gemm as fast_fp8
 from batchinv.fast import fp8_gemm_baselines as bl
 from batchinv.fast import matmul as fast_matmul
 from batchinv.fast.device import arch
-from batchinv.fast.matmul_config import Execution, MatmulConfig, executions
+from batchinv.fast.matmul_config import Execution, MatmulConfig, ReductionTree, executions
 from batchinv.harness.bitpatterns import catalogue, inject
 from batchinv.harness.components.matmul import execution_configs
 from batchinv.harness.lanes import Lane
@@ -58,6 +58,8 @@ SPECIAL_DENSITY = 0.003
 #: ``exact`` operands: integers in [-7, 7] (products <= 49: a 32-product group stays below
 #: 2**11, a 128-product one below 2**13, and K = 7168 below 2**19) and power-of-two scales.
 EXACT_INT = 7
+#: 2**128: fp32 values (and exact sums of multiples of 2**q below 2**(q + 24)) stay finite below it.
+FP32_OVERFLOW = 2.0**128
 
 
 def _case(
@@ -235,7 +237,9 @@ def exact(batch: Batch, reference: Outputs) -> Outputs:
     (fp32 holds every scaled partial total), the unscaled ``sum |x w| < 2**(q_p + 24)`` (and every
     unscaled accumulator) and ``G * max|x| * max|w| < 2**(q_p + b)`` for the lane's accumulation group G
     summed in b significant bits (14 in the Hopper tensor core's accumulator, 24 under the
-    interpreter).  There the fp64 reference is exact and the output is its one rounding."""
+    interpreter).  Every scale product and that scaled total below 2**128 (no fp32 step of the
+    scaling overflows: ``fl(A * inf)`` or ``inf - inf`` would make a NaN of an exact value).
+    There the fp64 reference is exact and the output is its one rounding."""
     ops = _operands(batch)
     x, w, layout = ops["x"], ops["weight"], ops["scale_layout"]
     ref_out = reference[0]
@@ -246,6 +250,7 @@ def exact(batch: Batch, reference: Outputs) -> Outputs:
     wsk = ref.weight_scales(ops["weight_scale"].to(dev), layout, n, k)
     pow2 = _is_power_of_two(xsk).all(dim=1)[:, None] & _is_power_of_two(wsk).all(dim=1)[None, :]
     min_scale = xsk.amin(dim=1)[:, None] * wsk.amin(dim=1)[None, :]
+    max_scale = xsk.amax(dim=1)[:, None] * wsk.amax(dim=1)[None, :]
     xd, wd = ref.dequantize(x.to(dev), w.to(dev), ops["x_scale"].to(dev), ops["weight_scale"].to(dev), layout)
     q = quantum_exponent(xd).amin(dim=1)[:, None] + quantum_exponent(wd).amin(dim=1)[None, :]
     # The tensor core and the fp32 accumulators sum the unscaled e4m3 products.
@@ -270,6 +275,8 @@ def exact(batch: Batch, reference: Outputs) -> Outputs:
         & torch.isfinite(q)
         & pow2
         & (min_scale >= 2.0**-126)
+        & (max_scale < FP32_OVERFLOW)
+        & (total < FP32_OVERFLOW)
     )
     return (fits & torch.isfinite(ref_out),)
 
@@ -335,6 +342,25 @@ def error_cases(device: torch.device) -> list[ErrorCase]:
         ErrorCase("out_fp16", {**ok, "out_dtype": torch.float16}, DTypeError, "'out_dtype'"),
         ErrorCase("weight_on_meta", {**ok, "weight": t(16, 256, dev="meta")}, DeviceError, "'weight'"),
         ErrorCase(
+            "x_negative_bit",
+            {**ok, "x": torch._neg_view(t(4, 256))},
+            ArgumentError,
+            "'x'.*negative bit",
+        ),
+        ErrorCase(
+            "block_config_other_chunks",
+            {
+                **ok,
+                "x_scale": s(4, 2),
+                "weight_scale": s(1, 2),
+                "scale_layout": "block",
+                "config": MatmulConfig(ReductionTree(32, 64), Execution(16, 64)),
+            },
+            ArgumentError,
+            "'config'.*chunk_k = 128",
+            applies_to=("fast",),
+        ),
+        ErrorCase(
             "split_config",
             {**ok, "config": MatmulConfig(ref_tree(), Execution(16, 64, split_k=True))},
             ArgumentError,
@@ -346,8 +372,6 @@ def error_cases(device: torch.device) -> list[ErrorCase]:
 
 def ref_tree() -> Any:
     """A valid reduction tree for the split-config error case."""
-    from batchinv.fast.matmul_config import ReductionTree
-
     return ReductionTree(32, 1 << 30)
 
 
