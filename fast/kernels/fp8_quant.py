@@ -42,8 +42,10 @@ POS_INF: tl.constexpr = tl.constexpr(float("inf"))
 def div_rn(a, b):
     """``fl32(a / b)`` correctly rounded, for fp32 ``a`` and ``b``: the quotient in fp64, rounded
     once to fp32 (53 >= 2 * 24 + 2 bits, so the double rounding is innocuous: Figueroa, "When is
-    double rounding innocuous?", 1995).  Not ``tl.math.div_rn``: its fp32 quotient differed from
-    IEEE's by an ulp on the H200 (run 38), moving e4m3 near-ties."""
+    double rounding innocuous?", 1995).  ``tl.math.div_rn`` (``div.rn.f32``) is correctly rounded
+    too; this replaced it while run 38's 1-ulp codes were being chased, and they turned out to be
+    the reference's (CUDA's ``pow``, run 39).  Going back to it would save 12-37% (run 41) and
+    needs a GPU re-check of the bits."""
     return (a.to(tl.float64) / b.to(tl.float64)).to(tl.float32)
 
 
