@@ -180,9 +180,9 @@ def matmul_block_k_from_rows() -> Callable[..., Any]:
     return mutate(  # type: ignore[no-any-return]
         matmul_launcher,
         "plan",
-        "cfg = config if config is not None else select_config(_arch_key(device), dtype, n, k, m)",
+        "cfg = config if config is not None else select_config(_arch_key(device), dtype, n, k, m, scale_layout)",
         "cfg = config if config is not None else halve_block_k_for_small_m("
-        "select_config(_arch_key(device), dtype, n, k, m), m)",
+        "select_config(_arch_key(device), dtype, n, k, m, scale_layout), m)",
         entry="matmul",
         extra_globals={"halve_block_k_for_small_m": _halve_block_k_for_small_m},
     )
