@@ -27,6 +27,7 @@ from batchinv.fast.device import (
 )
 from batchinv.fast.matmul_config import MatmulConfig, reduction_tree, select_config
 from batchinv.reference.errors import ArgumentError, check_tensor
+from batchinv.reference.fp8_gemm import SCALE_BLOCK  # the FP8 block scales' edge (128)
 from batchinv.reference.matmul import MatmulArgs, validate, weight_kn
 
 
@@ -407,8 +408,6 @@ def _launch(
 
 #: The chunk-sum kernel's tile (elementwise: any tile gives the same bits).
 SUM_TILE = (16, 128)
-#: The FP8 block scales' edge (1 x 128 activation groups, 128 x 128 weight blocks).
-SCALE_BLOCK = 128
 #: The kernel's code of each FP8 scale layout (its ``SCALES`` constexpr).
 SCALE_CODES: dict[str, int] = {"tensor": 1, "token": 2, "block": 3}
 

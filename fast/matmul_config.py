@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from batchinv.reference.errors import ArgumentError
+from batchinv.reference.fp8_gemm import SCALE_BLOCK
 
 
 def _power_of_two(name: str, value: object, low: int) -> None:
@@ -184,7 +185,7 @@ T = ReductionTree
 #: One chunk: a single fp32 accumulator over all of K.
 WHOLE_K = 1 << 30
 #: FP8 block scales: the chunks are the 128-wide K blocks of the scales.
-SCALE_BLOCK_K = 128
+SCALE_BLOCK_K = SCALE_BLOCK
 BLOCK_SCALES = ("block",)
 WHOLE_SCALES = ("tensor", "token")
 
