@@ -32,7 +32,14 @@ from dataclasses import dataclass
 import torch
 
 from batchinv.reference.errors import ArgumentError, DTypeError, check_same_device, check_tensor
-from batchinv.reference.matmul import FP32_EPS, FP32_MIN_NORMAL, _gamma, _partial_sums, unit_roundoff
+from batchinv.reference.matmul import (
+    FP32_EPS,
+    FP32_MIN_NORMAL,
+    _gamma,
+    _partial_sums,
+    check_bias,
+    unit_roundoff,
+)
 
 FP8_DTYPE = torch.float8_e4m3fn
 SCALE_LAYOUTS: tuple[str, ...] = ("tensor", "token", "block")
@@ -124,10 +131,7 @@ def validate(
             want = "one element" if scale_layout == "tensor" else f"shape {list(shape)}"
             raise ArgumentError(name, f"{want} for scale_layout {scale_layout!r}", tuple(scale.shape))
     if bias is not None:
-        check_tensor("bias", bias, dtypes=BIAS_DTYPES)
-        check_same_device("bias", bias, x.device)
-        if tuple(bias.shape) != (n,):
-            raise ArgumentError("bias", f"shape [N] = [{n}]", tuple(bias.shape))
+        check_bias(bias, n, x.device, BIAS_DTYPES, "bfloat16 or float32")
     if not isinstance(out_dtype, torch.dtype) or out_dtype not in OUT_DTYPES:
         raise DTypeError("out_dtype", "bfloat16 or float32", out_dtype)
     return Fp8GemmArgs(m, n, k, out_dtype, scale_layout)

@@ -96,12 +96,7 @@ def validate(
             tuple(weight.shape),
         )
     if bias is not None:
-        check_tensor("bias", bias)
-        if bias.dtype not in (x.dtype, torch.float32):
-            raise DTypeError("bias", f"dtype {_x_dtype_or_fp32(x.dtype)}", _name(bias.dtype))
-        check_same_device("bias", bias, x.device)
-        if tuple(bias.shape) != (n,):
-            raise ArgumentError("bias", f"shape [N] = [{n}]", tuple(bias.shape))
+        check_bias(bias, n, x.device, (x.dtype, torch.float32), _x_dtype_or_fp32(x.dtype))
     if out_dtype is None:
         out_dtype = x.dtype
     if not isinstance(out_dtype, torch.dtype) or out_dtype not in (x.dtype, torch.float32):
@@ -111,6 +106,22 @@ def validate(
             "precision", "'ieee' for bf16/fp16 inputs ('tf32' applies to fp32 only)", precision
         )
     return MatmulArgs(m, n, k, out_dtype)
+
+
+def check_bias(
+    bias: torch.Tensor, n: int, device: torch.device, dtypes: tuple[torch.dtype, ...], expected: str
+) -> None:
+    """Check a GEMM's ``bias``: a dense tensor of one of ``dtypes`` (``expected`` names them in the
+    message), on ``device``, of shape ``[N]`` (shared by the matmul, FP8 GEMM and NVFP4 references).
+
+    Raises ``DTypeError`` (not a tensor, another dtype), ``ArgumentError`` (another shape) or
+    ``DeviceError`` (another device), each naming ``bias``."""
+    check_tensor("bias", bias)
+    if bias.dtype not in dtypes:
+        raise DTypeError("bias", f"dtype {expected}", _name(bias.dtype))
+    check_same_device("bias", bias, device)
+    if tuple(bias.shape) != (n,):
+        raise ArgumentError("bias", f"shape [N] = [{n}]", tuple(bias.shape))
 
 
 def weight_kn(weight: torch.Tensor, layout: str) -> torch.Tensor:

@@ -147,12 +147,7 @@ def validate(
             "packed", f"shape [N, K/2] with K/2 = {k // 2} (x.shape[1] / 2)", tuple(packed.shape)
         )
     if bias is not None:
-        check_tensor("bias", bias)
-        if bias.dtype not in (x.dtype, torch.float32):
-            raise DTypeError("bias", f"dtype {_name(x.dtype)} or float32", _name(bias.dtype))
-        check_same_device("bias", bias, x.device)
-        if tuple(bias.shape) != (n,):
-            raise ArgumentError("bias", f"shape [N] = [{n}]", tuple(bias.shape))
+        ref_matmul.check_bias(bias, n, x.device, (x.dtype, torch.float32), f"{_name(x.dtype)} or float32")
     if out_dtype is None:
         out_dtype = x.dtype
     if not isinstance(out_dtype, torch.dtype) or out_dtype not in (x.dtype, torch.float32):
