@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: FlashInfer's FP8 bmm (batchinv.fast.adapters.flashinfer) on the H200 -- the
+# One device call: FlashInfer's FP8 bmm (batchinv.harness.adapters.flashinfer) on the H200 -- the
 # seed's table (ci/flashinfer_table.py) and the fp8_gemm sweep of the adapter's subjects -- logs
 # under OUTDIR.  The wheels come in .whl/ (python3 ci/flashinfer_wheels.py .whl, here; the run
 # carries ".whl"):
@@ -23,7 +23,7 @@ t0=$SECONDS
 timeout 360 $PY ci/flashinfer_table.py "$OUT" 2>&1 | tee "$OUT/table.log"
 echo "table rc=${PIPESTATUS[0]} $((SECONDS-t0))s" | tee -a "$OUT/steps.txt"; t0=$SECONDS
 SUBJECTS=${SUBJECTS:-cutlass cublas_autotuned auto_autotuned}
-ARGS=(); for s in $SUBJECTS; do ARGS+=(--subject "$s=batchinv.fast.adapters.flashinfer:$s"); done
+ARGS=(); for s in $SUBJECTS; do ARGS+=(--subject "$s=batchinv.harness.adapters.flashinfer:$s"); done
 timeout 150 $PY -m batchinv.harness.cli sweep fp8_gemm --lane "$LANE" --no-progress --jobs "${JOBS:-4}" \
     "${ARGS[@]}" --report "$OUT/sweep.jsonl" >"$OUT/sweep.log" 2>&1
 echo "sweep rc=$? $((SECONDS-t0))s" | tee -a "$OUT/steps.txt"

@@ -4,7 +4,7 @@ differs from the first M rows of the M=2048 output, per backend, with and withou
     python3 ci/flashinfer_table.py OUTDIR [--shapes 4096x4096,...] [--configs cutlass,auto_autotuned]
 
 Static per-tensor FP8 inputs (``x [2048, K]`` and ``weight [N, K]`` quantized with one scale
-each), ``bmm_fp8`` through :mod:`batchinv.fast.adapters.flashinfer` (so each configuration runs
+each), ``bmm_fp8`` through :mod:`batchinv.harness.adapters.flashinfer` (so each configuration runs
 with the tuner as if alone in the process: tuned ones once per weight shape at 2048 rows), M in
 {1, 2, 7, 16, 64, 128, 512, 2048}, shapes (N, K) 4096x4096, 2688x4096, 4608x2688, 14336x4096.
 A configuration FlashInfer refuses on this GPU (``cutlass`` FP8 bmm on SM90) prints its error
@@ -48,7 +48,7 @@ def quantize(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def run_config(name: str, shapes: list[tuple[int, int]], ms: tuple[int, ...]) -> dict[str, object]:
     """One configuration over every shape: ``{"cells": {shape: {M: rows differing}}, ...}`` or
     ``{"error": text}`` when FlashInfer refuses it (or it crashes)."""
-    from batchinv.fast.adapters import flashinfer as fia
+    from batchinv.harness.adapters import flashinfer as fia
     from batchinv.harness.subjects import Unsupported
 
     declared = getattr(fia, name)
@@ -113,7 +113,7 @@ def main(argv: list[str]) -> int:
         )
         return 2
     try:
-        from batchinv.fast.adapters import flashinfer as fia
+        from batchinv.harness.adapters import flashinfer as fia
 
         fi = fia.load()
     except ImportError as exc:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from batchinv.fast import fused_moe as fast_moe
-from batchinv.fast import fused_moe_baselines as bl
+from batchinv.fast.baselines import fused_moe as bl
 from batchinv.fast.grouped_gemm import TILES, Tile, arch_key
 from batchinv.harness.bench import time_call
 from batchinv.harness.components import fused_moe as component

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The vLLM adapter lane (cpu): vLLM's batch-invariant Triton kernels swept as subjects of the
-# matching components, vLLM's default paths as baselines (batchinv.fast.adapters.vllm).
+# matching components, vLLM's default paths as baselines (batchinv.harness.adapters.vllm).
 #
 #   bash ci/vllm.sh            # builds .vllm-venv the first time (reused after), then tests + sweep
 #
@@ -34,8 +34,8 @@ t2=$(date +%s)
 # vLLM's invariant kernels (role fast) and default paths (role baseline) on the cpu lane.
 SUBJECTS=()
 for name in matmul softmax log_softmax mean rms_norm; do
-    SUBJECTS+=(--subject "vllm=batchinv.fast.adapters.vllm:$name")
-    SUBJECTS+=(--subject "vllm_default=batchinv.fast.adapters.vllm:${name}_default")
+    SUBJECTS+=(--subject "vllm=batchinv.harness.adapters.vllm:$name")
+    SUBJECTS+=(--subject "vllm_default=batchinv.harness.adapters.vllm:${name}_default")
 done
 mkdir -p reports
 REPORT=${VLLM_REPORT:-reports/vllm-sweep-cpu.jsonl}

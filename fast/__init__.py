@@ -1,8 +1,8 @@
 """Fast implementations: production kernels with every batch-dependent choice pinned, and,
 beside each, the unpinned baselines production uses by default (the negative controls).
 
-``batchinv.fast.enable()`` (the same object as ``batchinv.enable``; a context manager,
-:func:`batchinv.fast.aten_override.enable`) routes a model's matrix products, RMSNorms,
+``batchinv.fast.enable()`` (the package :mod:`batchinv.fast.enable`, callable as
+``batchinv.enable``; a context manager, :func:`batchinv.fast.enable.aten_override.enable`) routes a model's matrix products, RMSNorms,
 softmaxes and last-dim means through the pinned kernels, eager and compiled.
 """
 
@@ -10,8 +10,8 @@ from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    if name == "enable":  # lazy: importing batchinv.fast must not import triton
-        from batchinv.fast.aten_override import enable
+    if name == "enable":  # the subpackage, callable; lazy: importing batchinv.fast must not import triton
+        import importlib
 
-        return enable
+        return importlib.import_module("batchinv.fast.enable")
     raise AttributeError(f"module 'batchinv.fast' has no attribute {name!r}")

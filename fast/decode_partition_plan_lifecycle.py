@@ -3,7 +3,7 @@ the kernel reads it -- including on the first call for a new shape (the cold sta
 
 A split-KV decode kernel (FlashMLA's sparse decode, in the seed) reads its schedule from
 metadata buffers.  With nothing installed it plans with its own, shipped planner (the
-token-balanced one of :mod:`batchinv.fast.decode_partition_plan_baselines`) and leaves that
+token-balanced one of :mod:`batchinv.fast.baselines.decode_partition_plan`) and leaves that
 plan in the buffers -- the only place its partition count ``num_sm_parts`` can be observed.
 So the first step of a shape must run the kernel once to observe it, record it, build the
 pinned plan (:func:`batchinv.fast.decode_partition_plan.decode_partition_plan`), install both
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from batchinv.fast.baselines.decode_partition_plan import token_balanced
 from batchinv.fast.decode_partition_plan import decode_partition_plan
-from batchinv.fast.decode_partition_plan_baselines import token_balanced
 from batchinv.reference.decode_partition_plan import PLAN_DTYPE
 from batchinv.reference.errors import ArgumentError, BatchinvError
 

@@ -7,7 +7,7 @@ weights iff ``apply_router_weight_on_input``) -> ``grouped_gemm(w2, a_per_slot=T
 ``moe_combine`` (weights iff not on input): the weights are applied exactly once.  Every stage is
 batch-invariant on its own contract (docs/MOE.md sections 1-5), so a token's output bits do not
 depend on the other tokens, their routing, or an expert's M.  :func:`compose` takes the stages
-as arguments so the unpinned baseline (``fast/fused_moe_baselines.py``) is the same pipeline.
+as arguments so the unpinned baseline (``fast/baselines/fused_moe.py``) is the same pipeline.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from it (:data:`TILES`).  Those choices move work between programs and never cha
 output's arithmetic: seed 001's observation for this kernel structure, and what the registry
 check ``config_equivalence`` proves for every (block_m, tile) the tables hold.  Production MoE
 kernels vary exactly where this one does not (vLLM's tuned configs per token count change
-BLOCK_K, split-K for small M): see :mod:`batchinv.fast.grouped_gemm_baselines`.
+BLOCK_K, split-K for small M): see :mod:`batchinv.fast.baselines.grouped_gemm`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A matrix of shape x dtype x bias x pin -> ``invariant``, ``varies`` (at which M)
 printed as a table and saved as JSON and markdown.  Each pin runs in its own subprocess, since
 cuBLAS / cuBLASLt read ``CUBLAS_WORKSPACE_CONFIG`` and ``CUBLASLT_WORKSPACE_SIZE`` when a handle
 is created; ``BATCHINV_PREFERRED_BLAS`` makes the child call
-``torch.backends.cuda.preferred_blas_library`` (see :mod:`batchinv.fast.matmul_baselines`).
+``torch.backends.cuda.preferred_blas_library`` (see :mod:`batchinv.fast.baselines.matmul`).
 
 For every (shape, dtype, bias) the child computes ``full = F.linear(x, w, b)`` at the largest M
 and ``F.linear(x[:M], w, b)`` for each M of the sweep, and compares the M rows bitwise.
@@ -95,7 +95,7 @@ class AuditRow:
 def _child(spec: dict[str, Any]) -> int:
     import torch
 
-    from batchinv.fast.matmul_baselines import torch_default
+    from batchinv.fast.baselines.matmul import torch_default
     from batchinv.harness.compare import compare_bitwise
 
     device = torch.device("cuda" if spec["lane"] != "cpu" else "cpu")

@@ -402,7 +402,7 @@ class Component:
             promised equal.  It can only narrow: "row_start" still needs ``shift_row_start``,
             "partition" ``partition_arg``, the request checks ``requests``.
         torch_op: the component's ``torch.ops.batchinv`` operator behind the fast signature
-            (:mod:`batchinv.fast.ops`): the subject of the ``modes`` check.  None: no operator.
+            (:mod:`batchinv.fast.enable.ops`): the subject of the ``modes`` check.  None: no operator.
         configs: ``configs(batch, lane) -> {name: fn}``: every other execution the launcher may
             choose for the batch's problem class (weight shape, dtype) on ``lane`` -- each tile
             config of a table row, each num_warps / num_stages variant, a split grid -- as a

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchinv.reference.errors import ArgumentError
+from batchinv.reference.errors import ArgumentError, Unsupported
 
 #: The entry-point group packages declare their subjects in.
 ENTRY_POINT_GROUP = "batchinv.subjects"
@@ -42,12 +42,6 @@ class SubjectError(ArgumentError):
     a target that is not callable, or a signature that does not bind to the component's
     parameters (the message names the component's expected parameters).  A usage error: the
     CLI prints it and exits 2."""
-
-
-class Unsupported(Exception):
-    """Raised by an adapter (or the default binding) for a case the subject cannot express (a
-    bias for a subject that takes none): the check is reported ``skip`` with this message,
-    never ``pass``."""
 
 
 @dataclass(frozen=True)

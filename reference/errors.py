@@ -33,6 +33,14 @@ class DTypeError(ArgumentError, TypeError):
     """An argument has an unsupported dtype (also a ``TypeError``)."""
 
 
+class Unsupported(Exception):
+    """Raised by a subject (a baseline, an adapter, or the harness's default binding) for a case it
+    cannot express (a bias for a subject that takes none, a CUDA-only library on the cpu lane): the
+    check is reported ``skip`` with this message, never ``pass``.  Not a :class:`BatchinvError`:
+    it says "not this case", not "bad input".  Also importable as
+    ``batchinv.harness.subjects.Unsupported``."""
+
+
 class DeviceError(ArgumentError):
     """An argument lives on the wrong device (for example a CPU tensor on the GPU path)."""
 

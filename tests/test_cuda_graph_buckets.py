@@ -15,7 +15,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from batchinv.fast import cuda_graph_buckets as fast
-from batchinv.fast.cuda_graph_buckets_baselines import align_then_validate, align_then_validate_buckets
+from batchinv.fast.baselines.cuda_graph_buckets import align_then_validate, align_then_validate_buckets
 from batchinv.harness.components import cuda_graph_buckets as component
 from batchinv.harness.lanes import Lane
 from batchinv.reference import cuda_graph_buckets as ref

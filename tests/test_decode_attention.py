@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from batchinv.fast.baselines.decode_attention import batch_planned_splits, planned_config, sdpa_padded
 from batchinv.fast.decode_attention import DECODE_ATTENTION_TABLE, decode_attention_config
 from batchinv.fast.decode_attention import decode_attention as fast
-from batchinv.fast.decode_attention_baselines import batch_planned_splits, planned_config, sdpa_padded
 from batchinv.fast.device import arch
 from batchinv.fast.topk import topk
 from batchinv.harness.components import decode_attention as component

@@ -16,9 +16,9 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from batchinv.fast.baselines.decode_partition_plan import token_balanced, token_balanced_schedule
 from batchinv.fast.decode_partition_plan import decode_partition_plan as fast
 from batchinv.fast.decode_partition_plan import partition_spans, request_partitions
-from batchinv.fast.decode_partition_plan_baselines import token_balanced, token_balanced_schedule
 from batchinv.fast.decode_partition_plan_lifecycle import (
     DecodeKernel,
     DecodePlanServer,

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import batchinv.fast
-from batchinv.fast.aten_override import enable
+from batchinv.fast.enable.aten_override import enable
 from batchinv.harness.plugin import current_lane
 
 DEVICE = torch.device("cuda" if current_lane().is_gpu else "cpu")
@@ -167,7 +167,7 @@ def test_model_compiled_before_enable_is_recompiled_with_the_pinned_ops():
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @torch.no_grad()
 def test_strict_enable_refuses_an_unpinnable_op_naming_it_eager_and_compiled():
-    from batchinv.fast.function_mode import UnpinnedOpError
+    from batchinv.fast.enable.function_mode import UnpinnedOpError
 
     layer = torch.nn.Linear(8, 4).to(DEVICE, torch.float64)
     x = torch.randn(3, 8, dtype=torch.float64, device=DEVICE)
@@ -253,7 +253,7 @@ def test_two_operand_einsum_is_one_pinned_batched_product(equation, shapes):
     ],
 )
 def test_einsum_outside_the_batched_product_is_refused_by_name(equation, operands, reason):
-    from batchinv.fast.function_mode import UnpinnedOpError
+    from batchinv.fast.enable.function_mode import UnpinnedOpError
 
     tensors = [torch.randn(*s, device=DEVICE) for s in operands]
     with enable(), pytest.raises(UnpinnedOpError, match=rf"einsum .*{reason}"):
@@ -280,7 +280,7 @@ def test_grouped_mm_multiplies_each_group_by_its_weight_and_rows_do_not_see_the_
 
 @any_lane
 def test_grouped_mm_refuses_decreasing_group_ends_naming_offs():
-    from batchinv.fast.ops import grouped_mm
+    from batchinv.fast.enable.ops import grouped_mm
     from batchinv.reference.errors import ArgumentError
 
     a, w = torch.randn(6, 4, device=DEVICE), torch.randn(2, 4, 3, device=DEVICE)
@@ -311,7 +311,7 @@ def test_out_overloads_are_pinned_at_both_layers():
 @any_lane
 @torch.no_grad()
 def test_strict_enable_refuses_sdpa_and_counts_it_without_strict():
-    from batchinv.fast.function_mode import UnpinnedOpError
+    from batchinv.fast.enable.function_mode import UnpinnedOpError
 
     q = torch.randn(1, 2, 4, 8, device=DEVICE)
     with enable(), pytest.raises(UnpinnedOpError, match="scaled_dot_product_attention"):
@@ -326,7 +326,7 @@ def test_strict_enable_refuses_sdpa_and_counts_it_without_strict():
 def test_enable_leaves_nothing_behind_after_an_exception():
     from torch.overrides import _get_current_function_mode_stack
 
-    from batchinv.fast import aten_override, ops
+    from batchinv.fast.enable import aten_override, ops
 
     a, b = torch.randn(4, 16, device=DEVICE), torch.randn(16, 8, device=DEVICE)
     before = torch.mm(a, b)
@@ -377,7 +377,7 @@ def test_rms_norm_without_eps_uses_torchs_default_eps():
 @any_lane
 @torch.no_grad()
 def test_empty_reduction_dims_are_refused_by_name_and_fall_back_without_strict():
-    from batchinv.fast.function_mode import UnpinnedOpError
+    from batchinv.fast.enable.function_mode import UnpinnedOpError
 
     calls = [
         lambda: torch.ones(3, 0, device=DEVICE) @ torch.ones(0, 4, device=DEVICE),
@@ -409,7 +409,7 @@ def test_out_forms_of_the_row_reductions_are_pinned():
 @any_lane
 @torch.no_grad()
 def test_a_kernels_argument_error_is_an_unpinned_op_not_a_crash():
-    from batchinv.fast.function_mode import UnpinnedOpError
+    from batchinv.fast.enable.function_mode import UnpinnedOpError
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 8, generator=g).to(DEVICE)

@@ -1,4 +1,4 @@
-"""The FlashInfer adapter (``batchinv.fast.adapters.flashinfer``): FP8 ``bmm_fp8`` as subjects of
+"""The FlashInfer adapter (``batchinv.harness.adapters.flashinfer``): FP8 ``bmm_fp8`` as subjects of
 ``fp8_gemm``.
 
 Without FlashInfer (this project's venv, CI) the adapter refuses to import with the install
@@ -32,7 +32,7 @@ from lane_env import needs_cpu_lane_child
 from batchinv.harness.subjects import Subject, Unsupported, bound_call
 from batchinv.reference.fp8_gemm import fp8_gemm as reference_fp8_gemm
 
-ADAPTER = "batchinv.fast.adapters.flashinfer"
+ADAPTER = "batchinv.harness.adapters.flashinfer"
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NAMES = ("cutlass", "cutlass_autotuned", "cublas", "cublas_autotuned", "cudnn", "cudnn_autotuned", "auto",
          "auto_autotuned")  # fmt: skip
@@ -111,7 +111,7 @@ def fia(monkeypatch):
         "flashinfer.utils",
         _module("flashinfer.utils", BackendSupportedError=FakeBackendSupportedError),
     )
-    import batchinv.fast.adapters as adapters
+    import batchinv.harness.adapters as adapters
 
     saved = sys.modules.pop(ADAPTER, None)
     module = importlib.import_module(ADAPTER)
@@ -169,7 +169,7 @@ HARNESS_PROBE = """
 import sys, batchinv.harness, batchinv.harness.registry, batchinv.harness.sweep, batchinv.harness.cli
 from batchinv.harness.registry import components; components()
 bad = sorted(m for m in sys.modules if m.split('.')[0] == 'flashinfer' or m.endswith('adapters.flashinfer'))
-from batchinv.fast.adapters import flashinfer as adapter  # the probe's negative control: it sees this
+from batchinv.harness.adapters import flashinfer as adapter  # the probe's negative control: it sees this
 lazy = 'flashinfer' not in sys.modules
 adapter.load()
 print(bad, lazy, 'flashinfer' in sys.modules)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from batchinv.fast import fp8_gemm as fast_fp8
-from batchinv.fast import fp8_gemm_baselines as bl
+from batchinv.fast.baselines import fp8_gemm as bl
 from batchinv.fast.matmul_config import EXECUTION_TABLE, FP8, TREE_TABLE, reduction_tree
 from batchinv.harness.components import fp8_gemm as component
 from batchinv.harness.lanes import Lane

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from batchinv.fast import fp8_quant as fast
-from batchinv.fast.fp8_quant_baselines import fp8_quant_per_tensor_dynamic
+from batchinv.fast.baselines.fp8_quant import fp8_quant_per_tensor_dynamic
 from batchinv.harness.components import fp8_quant as component
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import Batch, get

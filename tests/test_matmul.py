@@ -19,9 +19,9 @@ import torch
 from hypothesis import given, settings
 
 from batchinv.fast import matmul_config
+from batchinv.fast.baselines.matmul import split_k_count
 from batchinv.fast.device import interpreting
 from batchinv.fast.matmul import linear, matmul, mm, plan
-from batchinv.fast.matmul_baselines import split_k_count
 from batchinv.harness.components import matmul as component_module
 from batchinv.harness.lanes import Lane
 from batchinv.harness.plugin import current_lane

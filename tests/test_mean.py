@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from launch_recorder import LaunchRecorder
 
 from batchinv.fast import mean as fast_module
+from batchinv.fast.baselines.mean import rows_heuristic_config
 from batchinv.fast.device import arch
 from batchinv.fast.mean import MEAN_TABLE, mean_config
-from batchinv.fast.mean_baselines import rows_heuristic_config
 from batchinv.fast.row_config import RowConfig
 from batchinv.harness import bitpatterns as bp
 from batchinv.harness.compare import compare_bitwise, compare_tolerance

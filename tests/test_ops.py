@@ -1,4 +1,4 @@
-"""Tests of the fast kernels as torch operators (``torch.ops.batchinv.*``, ``fast/ops.py``):
+"""Tests of the fast kernels as torch operators (``torch.ops.batchinv.*``, ``fast/enable/ops.py``):
 schema and fake implementations (``torch.library.opcheck``), the same bits in eager mode and
 under ``torch.compile`` (Inductor keeps each operator as one opaque call), rows invariant along
 M in the compiled graph, and runtime calls counted when they run, not when traced.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchinv.fast import ops
+from batchinv.fast.enable import ops
 from batchinv.fast.topk import topk as fast_topk
 from batchinv.harness.plugin import current_lane
 

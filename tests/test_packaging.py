@@ -74,9 +74,9 @@ def test_cli_lists_every_registered_component():
 def test_top_level_enable_is_fast_enable_and_import_stays_light(tmp_path):
     code = (
         "import sys, batchinv;"
-        "light = 'triton' not in sys.modules and 'batchinv.fast.aten_override' not in sys.modules;"
+        "light = 'triton' not in sys.modules and 'batchinv.fast.enable.aten_override' not in sys.modules;"
         "import batchinv.fast;"
-        "same = batchinv.enable is batchinv.fast.enable;"
+        "same = batchinv.enable is batchinv.fast.enable.enable and callable(batchinv.fast.enable);"
         "print(light, same); sys.exit(0 if light and same else 1)"
     )
     proc = _run_outside_checkout(code, tmp_path)

@@ -13,8 +13,8 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from batchinv.fast.baselines.prefill_chunk_plan import greedy_packing
 from batchinv.fast.prefill_chunk_plan import prefill_chunk_plan as fast_plan
-from batchinv.fast.prefill_chunk_plan_baselines import greedy_packing
 from batchinv.harness.components import prefill_chunk_plan as component
 from batchinv.harness.lanes import Lane
 from batchinv.harness.plan_requests import strided_over_junk

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from launch_recorder import LaunchRecorder
 
 import batchinv.fast.rms_norm as fast_mod
-from batchinv.fast import rms_norm_baselines
+from batchinv.fast.baselines import rms_norm as rms_norm_baselines
 from batchinv.fast.rms_norm import CONFIGS, PRODUCTION_HIDDEN, config_for, derive_config
 from batchinv.harness.bitpatterns import catalogue, from_bits, near_max_patterns, pattern, to_bits
 from batchinv.harness.compare import compare_bitwise, compare_tolerance

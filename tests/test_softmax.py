@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from launch_recorder import LaunchRecorder
 
 from batchinv.fast import softmax as fast_module
+from batchinv.fast.baselines.softmax import rows_heuristic_config, split_float_partials_log_softmax
 from batchinv.fast.device import arch
 from batchinv.fast.row_config import RowConfig
 from batchinv.fast.softmax import SOFTMAX_TABLE, softmax_config
-from batchinv.fast.softmax_baselines import rows_heuristic_config, split_float_partials_log_softmax
 from batchinv.harness import bitpatterns as bp
 from batchinv.harness.checks import FAST as FAST_SUBJECT
 from batchinv.harness.checks import run_check

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from launch_recorder import LaunchRecorder
 
 from batchinv.fast import topk as fast_module
+from batchinv.fast.baselines.topk import masked_fused_topk, masked_torch_topk
 from batchinv.fast.device import arch, interpreting
 from batchinv.fast.topk import (
     CONFIGS,
@@ -36,7 +37,6 @@ from batchinv.fast.topk import (
     select_config,
 )
 from batchinv.fast.topk import topk as fast_topk
-from batchinv.fast.topk_baselines import masked_fused_topk, masked_torch_topk
 from batchinv.harness import bitpatterns as bp
 from batchinv.harness.components import topk as component_module
 from batchinv.harness.lanes import Lane

@@ -17,7 +17,7 @@ explicitly (0..len-1 per prompt), as a server does.
 
 Attention runs through ``attn_implementation="eager"`` (matmul + softmax, both pinned);
 ``sdpa`` has no pinned kernel and ``enable(strict=True)`` refuses it by name
-(:data:`batchinv.fast.function_mode.UNCOVERED`), which the last test checks.
+(:data:`batchinv.fast.enable.function_mode.UNCOVERED`), which the last test checks.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import batchinv
-from batchinv.fast.function_mode import UnpinnedOpError
+from batchinv.fast.enable.function_mode import UnpinnedOpError
 from batchinv.harness.plugin import current_lane
 
 transformers = pytest.importorskip("transformers", reason="the 'models' extra (pip install batchinv[models])")

@@ -1,4 +1,4 @@
-"""The vLLM adapter (``batchinv.fast.adapters.vllm``) and its environment pins.
+"""The vLLM adapter (``batchinv.harness.adapters.vllm``) and its environment pins.
 
 Without vLLM (this project's venv, CI): the environment pins leave nothing behind (round trip,
 after an exception, a conflicting value replaced and restored or refused), and the adapter
@@ -24,7 +24,7 @@ import warnings
 import pytest
 from lane_env import needs_cpu_lane_child
 
-from batchinv.fast.adapters.env import EnvConflict, pinned_environ
+from batchinv.harness.adapters.env import EnvConflict, pinned_environ
 from batchinv.reference.errors import ArgumentError
 
 KEY = "BATCHINV_TEST_PIN"
@@ -93,15 +93,15 @@ def test_adapter_import_without_vllm_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
     )
-    saved = sys.modules.pop("batchinv.fast.adapters.vllm", None)
+    saved = sys.modules.pop("batchinv.harness.adapters.vllm", None)
     try:
         with pytest.raises(ImportError, match="needs vLLM: pip install vllm") as info:
-            importlib.import_module("batchinv.fast.adapters.vllm")
+            importlib.import_module("batchinv.harness.adapters.vllm")
         assert type(info.value).__name__ == "VllmUnavailable"
     finally:
-        sys.modules.pop("batchinv.fast.adapters.vllm", None)
+        sys.modules.pop("batchinv.harness.adapters.vllm", None)
         if saved is not None:
-            sys.modules["batchinv.fast.adapters.vllm"] = saved
+            sys.modules["batchinv.harness.adapters.vllm"] = saved
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
@@ -109,7 +109,7 @@ def test_adapter_import_without_vllm_is_a_clear_error(monkeypatch):
 def test_cli_subject_without_vllm_is_a_usage_error():
     proc = subprocess.run(
         [sys.executable, "-m", "batchinv.harness.cli", "sweep", "matmul", "--lane", "cpu", "--subject",
-         "vllm=batchinv.fast.adapters.vllm:matmul"],
+         "vllm=batchinv.harness.adapters.vllm:matmul"],
         capture_output=True, text=True, env={**os.environ, "COLUMNS": "250"},
     )  # fmt: skip
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -131,7 +131,7 @@ def state():
         "dispatch": {op: torch._C._dispatch_dump(op) for op in OPS},
     }
 before = state()
-from batchinv.fast.adapters import vllm as adapter
+from batchinv.harness.adapters import vllm as adapter
 bi = adapter.load()
 x = torch.randn(4, 32)
 adapter.log_softmax(x); adapter.softmax(x); adapter.mean(x, -1, False, None)
@@ -173,8 +173,8 @@ def test_vllm_kernels_as_subjects_on_the_cpu_lane():
     pytest.importorskip("vllm")
     import torch
 
-    from batchinv.fast.adapters import vllm as adapter
     from batchinv.harness import check_subject
+    from batchinv.harness.adapters import vllm as adapter
     from batchinv.harness.registry import get
     from batchinv.harness.subjects import Subject, Unsupported, bound_call
 

@@ -1,6 +1,6 @@
 """Split-K matmul kernel (the unpinned baseline): each program sums one K slice of one tile.
 
-Only ``@triton.jit`` code; the launcher is :mod:`batchinv.fast.matmul_baselines`.  The K axis is
+Only ``@triton.jit`` code; the launcher is :mod:`batchinv.fast.baselines.matmul`.  The K axis is
 cut into ``SPLIT_K`` slices whose fp32 partial sums are written to a workspace and added
 afterwards, so the association of each output's sum depends on ``SPLIT_K``.
 """

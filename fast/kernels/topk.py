@@ -1,5 +1,5 @@
 """Triton kernels of the indexer top-k (launchers: ``batchinv.fast.topk`` and
-``batchinv.fast.topk_baselines``).
+``batchinv.fast.baselines.topk``).
 
 One program per row; the row is register-resident.  A 32-step bitwise binary search over the
 int32 key space finds the k-th largest key ``T`` of the row's candidates, then one ascending

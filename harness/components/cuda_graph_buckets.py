@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
+from batchinv.fast.baselines.cuda_graph_buckets import align_then_validate
 from batchinv.fast.cuda_graph_buckets import cuda_graph_buckets as fast_buckets
-from batchinv.fast.cuda_graph_buckets_baselines import align_then_validate
 from batchinv.harness.lanes import Lane
 from batchinv.harness.plan_requests import plan_model
 from batchinv.harness.registry import Baseline, Batch, Case, Component, ErrorCase, Exact

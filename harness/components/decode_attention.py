@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from batchinv.fast import decode_attention as fast_attention
-from batchinv.fast import decode_attention_baselines as baselines
+from batchinv.fast.baselines import decode_attention as baselines
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import Baseline, Batch, Case, Component, ErrorCase, RequestModel, Toleranced
 from batchinv.reference import decode_attention as ref_attention

@@ -16,7 +16,7 @@ What is compared:
   moves with b and P by design; the contract is that the work it does there does not;
 * repeat: all three outputs.
 
-The negative control is the token-balanced planner (:mod:`batchinv.fast.decode_partition_plan_baselines`),
+The negative control is the token-balanced planner (:mod:`batchinv.fast.baselines.decode_partition_plan`),
 which cuts a long request where a partition's block budget runs out: co_batch sees it on the
 first case (a long request alone is cut into ~P pieces, beside others elsewhere).  The covering
 property (every request exactly once, contiguous, in order) is a hypothesis test over b in
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from batchinv.fast import decode_partition_plan as fast_plan
-from batchinv.fast import decode_partition_plan_baselines as baselines
+from batchinv.fast.baselines import decode_partition_plan as baselines
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import Baseline, Batch, Case, Component, ErrorCase, Exact, RequestModel
 from batchinv.reference import decode_partition_plan as ref_plan

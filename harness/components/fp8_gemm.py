@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from batchinv.fast import fp8_gemm as fast_fp8
-from batchinv.fast import fp8_gemm_baselines as bl
 from batchinv.fast import matmul as fast_matmul
+from batchinv.fast.baselines import fp8_gemm as bl
 from batchinv.fast.device import arch
 from batchinv.fast.matmul_config import Execution, MatmulConfig, ReductionTree, executions
 from batchinv.harness.bitpatterns import catalogue, inject

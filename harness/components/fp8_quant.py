@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from batchinv.fast import fp8_quant as fast
-from batchinv.fast import fp8_quant_baselines as baselines
+from batchinv.fast.baselines import fp8_quant as baselines
 from batchinv.harness.bitpatterns import catalogue, inject
 from batchinv.harness.invariance import pack_at_offset
 from batchinv.harness.lanes import Lane

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from batchinv.fast import ops
 from batchinv.fast import rms_norm as fast
-from batchinv.fast import rms_norm_baselines as baselines
+from batchinv.fast.baselines import rms_norm as baselines
+from batchinv.fast.enable import ops
 from batchinv.harness.components.rms_norm import (
     JUSTIFICATION,
     make_bench_cases,

@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from batchinv.fast import fused_moe as fast_moe
-from batchinv.fast import fused_moe_baselines as bl
+from batchinv.fast.baselines import fused_moe as bl
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import (
     ALL_LANES,

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from batchinv.fast import grouped_gemm as fast_gemm
-from batchinv.fast import grouped_gemm_baselines as bl
+from batchinv.fast.baselines import grouped_gemm as bl
 from batchinv.harness.bitpatterns import catalogue, inject
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import (
@@ -450,7 +450,7 @@ COMPONENT = Component(
             bl.bucket_block_k,
             "a per-M-bucket config (vLLM's tuned configs per batch bucket): BLOCK_K halved for experts "
             "whose M is at or below the bucket threshold (identical bits on the H200: BLOCK_K is not a "
-            "reduction choice for tensor-core dots there, fast/grouped_gemm_baselines.py)",
+            "reduction choice for tensor-core dots there, fast/baselines/grouped_gemm.py)",
             expected_to_vary_on=CPU_ONLY,
         ),
         Baseline(

@@ -7,15 +7,15 @@ baselines' formulas differ.  The cpu lane runs fewer cases: the reduction is sof
 
 from __future__ import annotations
 
-from batchinv.fast import ops
-from batchinv.fast.softmax import log_softmax as fast_log_softmax
-from batchinv.fast.softmax_baselines import (
+from batchinv.fast.baselines.softmax import (
     split_float_partials_log_softmax,
     torch_log_softmax_unchecked,
     torch_native_log_softmax,
     torch_sum_log_softmax,
     triton_rows_heuristic_log_softmax,
 )
+from batchinv.fast.enable import ops
+from batchinv.fast.softmax import log_softmax as fast_log_softmax
 from batchinv.harness.components.softmax import (
     DTYPES,
     baselines_for,

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 
 from batchinv.fast import matmul as fast_matmul
-from batchinv.fast import matmul_baselines as bl
-from batchinv.fast import ops
+from batchinv.fast.baselines import matmul as bl
 from batchinv.fast.device import arch
+from batchinv.fast.enable import ops
 from batchinv.fast.matmul_config import Execution, MatmulConfig, executions
 from batchinv.harness.bitpatterns import catalogue, inject, relu_plateau
 from batchinv.harness.lanes import Lane

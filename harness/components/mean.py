@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 
-from batchinv.fast import ops
+from batchinv.fast.baselines.mean import torch_mean_unchecked, torch_native_mean, triton_rows_heuristic_mean
 from batchinv.fast.device import arch
+from batchinv.fast.enable import ops
 from batchinv.fast.mean import COMBINE_LOSS, mean_config, reduction_depth
 from batchinv.fast.mean import mean as fast_mean
-from batchinv.fast.mean_baselines import torch_mean_unchecked, torch_native_mean, triton_rows_heuristic_mean
 from batchinv.harness.components.softmax import (
     FTZ_FLOOR,
     LAYOUTS,

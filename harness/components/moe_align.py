@@ -23,9 +23,9 @@ from collections.abc import Sequence
 
 import torch
 
+from batchinv.fast.baselines.moe_align import atomic_scatter_moe_align
 from batchinv.fast.moe_align import MAX_EXPERTS
 from batchinv.fast.moe_align import moe_align as fast_moe_align
-from batchinv.fast.moe_align_baselines import atomic_scatter_moe_align
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import GPU_LANES, Baseline, Batch, Case, Component, ErrorCase, Exact
 from batchinv.reference.errors import ArgumentError, DeviceError, DTypeError

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 import torch
 
+from batchinv.fast.baselines.moe_combine import atomic_add_moe_combine, token_count_dispatch_moe_combine
 from batchinv.fast.moe_combine import moe_combine as fast_moe_combine
-from batchinv.fast.moe_combine_baselines import atomic_add_moe_combine, token_count_dispatch_moe_combine
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import ALL_LANES, GPU_LANES, Baseline, Batch, Case, Component, ErrorCase, Exact
 from batchinv.reference.errors import ArgumentError, DeviceError, DTypeError

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from batchinv.fast.baselines.moe_router import bf16_large_batch_router, torch_topk_router
 from batchinv.fast.moe_router import moe_router as fast_moe_router
-from batchinv.fast.moe_router_baselines import bf16_large_batch_router, torch_topk_router
 from batchinv.harness import bitpatterns as bp
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import (

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
+from batchinv.fast.baselines.prefill_chunk_plan import GREEDY_SLACK, greedy_packing
 from batchinv.fast.prefill_chunk_plan import prefill_chunk_plan as fast_plan
-from batchinv.fast.prefill_chunk_plan_baselines import GREEDY_SLACK, greedy_packing
 from batchinv.harness.lanes import Lane
 from batchinv.harness.plan_requests import plan_model
 from batchinv.harness.registry import CO_BATCH_SIZES, Baseline, Batch, Case, Component, ErrorCase, Exact

@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from batchinv.fast import ops
 from batchinv.fast import rms_norm as fast
-from batchinv.fast import rms_norm_baselines as baselines
+from batchinv.fast.baselines import rms_norm as baselines
+from batchinv.fast.enable import ops
 from batchinv.harness.bitpatterns import catalogue, inject
 from batchinv.harness.invariance import pack_at_offset
 from batchinv.harness.lanes import Lane

@@ -21,8 +21,15 @@ from typing import Any
 
 import torch
 
-from batchinv.fast import ops
+from batchinv.fast.baselines.softmax import (
+    split_float_partials_softmax,
+    torch_native_softmax,
+    torch_softmax_unchecked,
+    torch_sum_softmax,
+    triton_rows_heuristic_softmax,
+)
 from batchinv.fast.device import arch
+from batchinv.fast.enable import ops
 from batchinv.fast.softmax import (
     equivalence_executions,
     reduction_depth,
@@ -31,13 +38,6 @@ from batchinv.fast.softmax import (
     with_execution,
 )
 from batchinv.fast.softmax import softmax as fast_softmax
-from batchinv.fast.softmax_baselines import (
-    split_float_partials_softmax,
-    torch_native_softmax,
-    torch_softmax_unchecked,
-    torch_sum_softmax,
-    triton_rows_heuristic_softmax,
-)
 from batchinv.harness import bitpatterns as bp
 from batchinv.harness.invariance import pack_at_offset
 from batchinv.harness.lanes import Lane

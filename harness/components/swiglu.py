@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from batchinv.fast import swiglu as fast
-from batchinv.fast import swiglu_baselines as bl
+from batchinv.fast.baselines import swiglu as bl
 from batchinv.harness.bitpatterns import catalogue, inject
 from batchinv.harness.invariance import pack_at_offset
 from batchinv.harness.lanes import Lane

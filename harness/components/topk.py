@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from batchinv.fast import ops
+from batchinv.fast.baselines.topk import masked_fused_topk, masked_torch_topk
 from batchinv.fast.device import arch
+from batchinv.fast.enable import ops
 from batchinv.fast.topk import EXECUTIONS, MAX_NUM_COLS, TUNED_NUM_COLS_BUCKET, in_envelope, select_config
 from batchinv.fast.topk import topk as fast_topk
-from batchinv.fast.topk_baselines import masked_fused_topk, masked_torch_topk
 from batchinv.harness import bitpatterns as bp
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import ROW_OFFSET_RANDOM, Baseline, Batch, Case, Component, ErrorCase, Exact

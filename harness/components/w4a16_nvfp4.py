@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from batchinv.fast import w4a16_nvfp4 as fast_nvfp4
-from batchinv.fast import w4a16_nvfp4_baselines as bl
+from batchinv.fast.baselines import w4a16_nvfp4 as bl
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import Baseline, Batch, Case, Component, ErrorCase, Outputs, Toleranced
 from batchinv.reference import nvfp4 as ref_nvfp4

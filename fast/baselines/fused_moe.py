@@ -1,17 +1,17 @@
 """Unpinned baseline of ``fused_moe``: the same pipeline with the stages' unpinned variants.
 
 ``unpinned_stages``: grouped GEMMs with split-K for small-M experts
-(:func:`batchinv.fast.grouped_gemm_baselines.split_k_small_m`: a token's reduction tree depends
+(:func:`batchinv.fast.baselines.grouped_gemm.split_k_small_m`: a token's reduction tree depends
 on how many other tokens share its experts), the activation's bf16 intermediate above 32 rows
-(:func:`batchinv.fast.swiglu_baselines.swiglu_bf16_above_32_rows`) and the token-count dispatched
-combine (:func:`batchinv.fast.moe_combine_baselines.token_count_dispatch_moe_combine`).  The
+(:func:`batchinv.fast.baselines.swiglu.swiglu_bf16_above_32_rows`) and the token-count dispatched
+combine (:func:`batchinv.fast.baselines.moe_combine.token_count_dispatch_moe_combine`).  The
 logits matmul, the router and the align stay pinned: an unpinned router could change a token's
 experts, and the layer's agreement cases keep the routing away from near-ties, so this baseline
 isolates the post-routing stages (the router's own baselines are checked by ``moe_router``).
 
 ``token_count_configs``: the production speed baseline of ``batchinv bench fused_moe`` -- the
 grouped GEMMs' whole config (BLOCK_K included) and the align block from the token count T as
-vLLM's tuned tables do (:func:`batchinv.fast.grouped_gemm_baselines.token_count_configs`), and
+vLLM's tuned tables do (:func:`batchinv.fast.baselines.grouped_gemm.token_count_configs`), and
 the atomic-add combine.  No host sync, so it is timed in a CUDA graph like the pinned layer.
 """
 
@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
+from batchinv.fast.baselines.grouped_gemm import split_k_small_m, token_count_block_m
+from batchinv.fast.baselines.grouped_gemm import token_count_configs as token_count_gemm
+from batchinv.fast.baselines.moe_combine import atomic_add_moe_combine, token_count_dispatch_moe_combine
+from batchinv.fast.baselines.swiglu import swiglu_bf16_above_32_rows
 from batchinv.fast.fused_moe import compose
-from batchinv.fast.grouped_gemm_baselines import split_k_small_m, token_count_block_m
-from batchinv.fast.grouped_gemm_baselines import token_count_configs as token_count_gemm
-from batchinv.fast.moe_combine_baselines import atomic_add_moe_combine, token_count_dispatch_moe_combine
-from batchinv.fast.swiglu_baselines import swiglu_bf16_above_32_rows
 
 
 def _with_stages(doc: str, **stages: Any) -> Callable[..., torch.Tensor]:

@@ -8,8 +8,8 @@ backend the GPU has per bucket of M (``flashinfer.gemm.gemm_base.fp8_gemm_sm100`
 batch sizes can run two backends and a row's bits depend on the batch.  This module declares::
 
     batchinv sweep fp8_gemm --lane sm90 \\
-        --subject cutlass=batchinv.fast.adapters.flashinfer:cutlass \\
-        --subject auto_autotuned=batchinv.fast.adapters.flashinfer:auto_autotuned
+        --subject cutlass=batchinv.harness.adapters.flashinfer:cutlass \\
+        --subject auto_autotuned=batchinv.harness.adapters.flashinfer:auto_autotuned
 
 (``ci/device_flashinfer.sh`` runs it and ``ci/flashinfer_table.py``, the seed's table.)
 
@@ -31,7 +31,7 @@ Arguments (``batchinv.reference.fp8_gemm``'s signature): ``x [M, K]`` becomes ``
 becomes ``B [1, K, N]`` column-major (the transposed view of the contiguous weight, the layout
 ``bmm_fp8`` documents), the per-tensor scales one-element fp32 tensors (dequantization scales,
 as FlashInfer's), the output ``[1, M, N]`` is returned as ``[M, N]``.  Cases ``bmm_fp8`` cannot
-express raise :class:`~batchinv.harness.subjects.Unsupported` (a ``skip``): ``scale_layout``
+express raise :class:`~batchinv.reference.errors.Unsupported` (a ``skip``): ``scale_layout``
 ``"token"``/``"block"``, a bias, an fp32 output (``bmm_fp8`` writes bf16 or fp16), a tensor not
 on a CUDA device (the cpu lane), and a backend FlashInfer refuses on this GPU (its own error
 text: ``cutlass`` FP8 bmm needs SM100 or SM12x, ``_cutlass_bmm_fp8_requirement``).
@@ -69,7 +69,7 @@ class FlashInferUnavailable(BatchinvError, ImportError):
 
 if importlib.util.find_spec("flashinfer") is None:
     raise FlashInferUnavailable(
-        "batchinv.fast.adapters.flashinfer needs FlashInfer: pip install flashinfer-python (or "
+        "batchinv.harness.adapters.flashinfer needs FlashInfer: pip install flashinfer-python (or "
         "batchinv[flashinfer]; on the H200 device ci/flashinfer_wheels.py fetches the wheels and "
         "ci/device_flashinfer.sh installs them); flashinfer is not installed in this environment"
     )

@@ -19,6 +19,7 @@ from dataclasses import replace
 import torch
 
 from batchinv.fast.matmul_config import MatmulConfig, ReductionTree
+from batchinv.reference.errors import Unsupported
 from batchinv.reference.fp8_gemm import SCALE_BLOCK, blocks, validate
 
 #: Batches of at most this many rows take the small-M bucket of the M-keyed baselines.
@@ -52,8 +53,7 @@ def torch_scaled_mm(
     each; token scales: cuBLASLt's row-wise scaling (``x_scale [M, 1]``, ``weight_scale`` as
     ``[1, N]``), bf16 output only; block scales: ``torch.nn.functional.scaled_mm`` with the
     1x128 / 128x128 block-wise recipes where this PyTorch has them.  A case cuBLASLt cannot
-    express raises :class:`~batchinv.harness.subjects.Unsupported` (a ``skip``).  GPU only."""
-    from batchinv.harness.subjects import Unsupported  # the harness's "skip this case"
+    express raises :class:`~batchinv.reference.errors.Unsupported` (a ``skip``).  GPU only."""
 
     args = validate(x, weight, x_scale, weight_scale, bias, scale_layout, out_dtype)
     if x.device.type != "cuda":

@@ -7,8 +7,8 @@ up to 0.28).  This module declares them as subjects of the matching components, 
 checks them like its own kernels::
 
     batchinv sweep matmul log_softmax softmax mean rms_norm --lane cpu \\
-        --subject vllm=batchinv.fast.adapters.vllm:matmul \\
-        --subject vllm_default=batchinv.fast.adapters.vllm:matmul_default ...
+        --subject vllm=batchinv.harness.adapters.vllm:matmul \\
+        --subject vllm_default=batchinv.harness.adapters.vllm:matmul_default ...
 
 (``ci/vllm.sh`` runs all of them.)  Each ``<component>`` name here is vLLM's invariant kernel
 (role ``fast``); each ``<component>_default`` is what vLLM runs without the mode (role
@@ -22,7 +22,7 @@ after (also the variables vLLM sets while it is imported).  This module never ca
 ``enable_batch_invariant_mode()``, which reroutes aten operators process-wide; it calls the
 kernels directly.
 
-Cases outside vLLM's kernels raise :class:`~batchinv.harness.subjects.Unsupported` (a ``skip``):
+Cases outside vLLM's kernels raise :class:`~batchinv.reference.errors.Unsupported` (a ``skip``):
 fp32 logits from bf16 in matmul, TF32 precision, a mean to an output dtype other than fp32 or
 the input's, RMSNorm along a dim other than the last.  On the cpu lane (the Triton 3.6
 interpreter, which does bf16 arithmetic on the raw bits, a known upstream limitation) vLLM's
@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from batchinv.fast.adapters.env import pinned_environ
+from batchinv.harness.adapters.env import pinned_environ
 from batchinv.harness.subjects import Adapter, Declared, Unsupported, declare
 from batchinv.reference.errors import BatchinvError
 
@@ -59,7 +59,7 @@ class VllmUnavailable(BatchinvError, ImportError):
 
 if importlib.util.find_spec("vllm") is None:
     raise VllmUnavailable(
-        "batchinv.fast.adapters.vllm needs vLLM: pip install vllm (ci/vllm.sh installs vllm==0.32.0 "
+        "batchinv.harness.adapters.vllm needs vLLM: pip install vllm (ci/vllm.sh installs vllm==0.32.0 "
         "--no-deps with torch 2.13.0); vllm is not installed in this environment"
     )
 
