@@ -248,7 +248,8 @@ def repeat(
 
 
 def sm_partition_counts(sm_count: int) -> tuple[int, ...]:
-    """The partition axis of DESIGN.md: 1, 2, 3, SMs, SMs + 1, 2 * SMs + 1 (deduplicated)."""
+    """The partition axis (docs/DESIGN.md, "Sweep axes"): 1, 2, 3, SMs, SMs + 1, 2 * SMs + 1
+    (deduplicated)."""
     return tuple(dict.fromkeys((1, 2, 3, sm_count, sm_count + 1, 2 * sm_count + 1)))
 
 

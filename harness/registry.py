@@ -57,7 +57,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "w4a16_nvfp4",
 )
 
-#: The default batch-size sweep of DESIGN.md; GPU lanes add 4096.
+#: The default batch-size sweep (docs/DESIGN.md, "Sweep axes"); GPU lanes add 4096.
 M_SWEEP: tuple[int, ...] = (1, 2, 7, 8, 15, 16, 17, 32, 33, 64, 65, 128, 512, 2048)
 M_SWEEP_GPU_EXTRA: tuple[int, ...] = (4096,)
 

@@ -207,7 +207,8 @@ def check_unreferenced_is_nan(
     batch: Batch, pools: Sequence[str], *, block_table: str = "block_table", seq_lens: str = "seq_lens"
 ) -> None:
     """Raise ``AssertionError`` if a pool holds a non-NaN element no request references (a case
-    builder's self-check: DESIGN.md asks unreferenced memory to be NaN in every case)."""
+    builder's self-check: docs/DESIGN.md, "Units: rows and requests", asks unreferenced memory
+    to be NaN in every case)."""
     bt = batch.rows[block_table]
     lengths = [int(n) for n in batch.rows[seq_lens].tolist()]
     for name in pools:

@@ -4,11 +4,11 @@
   of vLLM's ``scaled_fp8_quant(x)`` without a scale (and of ``torch.ao``'s dynamic per-tensor
   fp8 path): one scale from the amax of the *whole batch*, ``scale = amax / 448``,
   ``q = (x / scale).clamp(-448, 448).to(float8_e4m3fn)``.  A token's scale, and so its q,
-  depends on every other token of the launch: the public failure class "a dynamic fp8 scale
-  computed over the whole batch" (DESIGN.md).  batch_prefix and position catch it on every lane
-  (the cases draw each row's magnitude across many powers of two).  The scale is returned in
-  the component's shape ([M, 1] or [M, NG], the one value repeated) so that the harness compares
-  like with like.
+  depends on every other token of the launch: the public failure class of a dynamic fp8 scale
+  computed over the whole batch (docs/DESIGN.md, "Failure classes").  batch_prefix and position
+  catch it on every lane (the cases draw each row's magnitude across many powers of two).  The
+  scale is returned in the component's shape ([M, 1] or [M, NG], the one value repeated) so that
+  the harness compares like with like.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The mutant suite: planted one-line regressions of the fast kernels (DESIGN.md, "teeth").
+"""The mutant suite: planted one-line regressions of the fast kernels (docs/DESIGN.md, "Teeth").
 
 Each :class:`Mutant` is a subject with its component's fast signature that differs from the
 shipped code in one way a real regression would.  ``tests/test_mutants.py`` runs each through
