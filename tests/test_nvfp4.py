@@ -305,9 +305,12 @@ def test_a_global_scale_folded_into_16_bit_weights_exceeds_the_bound():
     assert bool(((out.double() - ref).abs() > bound).any())
 
 
-def test_component_runs_on_sm100_only_and_is_registered_last():
+def test_component_runs_on_sm100_only_and_is_registered():
     comp = get("w4a16_nvfp4")
-    assert COMPONENT_MODULES[-1] == "w4a16_nvfp4"
+    # Registered, at any position: COMPONENT_MODULES' order is only the order components are
+    # listed in (sweep tables and report, ``batchinv list``, registry test ids); an sm100-only
+    # component has no task off its lane wherever it sits, so a new component may be appended.
+    assert "w4a16_nvfp4" in COMPONENT_MODULES
     assert comp.lanes == frozenset({Lane.SM100})
     assert all(b.lanes <= comp.lanes for b in comp.baselines)
     assert plan([comp], Lane.CPU) == [] and plan([comp], Lane.SM90) == []
