@@ -19,6 +19,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, TypeAlias
 
 import torch
@@ -46,6 +47,7 @@ from batchinv.harness.registry import (
     Component,
     Exact,
     Outputs,
+    RequestModel,
     Toleranced,
     as_outputs,
     co_batch_sizes,
@@ -164,7 +166,8 @@ def run_check(
     *,
     m_limit: int | None = None,
 ) -> CheckResult:
-    """Run ``check`` (see :data:`registry.CHECKS`) of ``subject`` on ``case`` and report it.
+    """Run ``check`` (one of :data:`registry.CHECKS`, by its driver in :data:`DRIVERS`) of
+    ``subject`` on ``case`` and report it.
 
     ``subject`` is ``fast``, a baseline's name, or an outside :class:`Subject`.  Never raises for
     a failure inside the check: a crash becomes a ``status="error"`` row with the traceback's
@@ -212,6 +215,40 @@ def _new_result(
     )
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What a check's driver is given: one check of one subject on one built case.
+
+    ``call`` runs the subject on a batch (noting each launch in ``launches``, refusing a write
+    to the inputs); for the request checks and partition of a component whose request model has
+    ``local``, it returns each request's own work (``local`` of the outputs).
+    """
+
+    component: Component
+    subject: SubjectLike
+    check: str
+    case: Case
+    lane: Lane
+    m_limit: int | None
+    device: torch.device
+    batch: Batch
+    view: _View
+    launches: _Launches
+    call: Callable[[Batch], Outputs]
+    local: Callable[[Outputs], Outputs] | None
+    generator: torch.Generator
+    result: CheckResult
+
+    def skip(self, detail: str) -> None:
+        """Make the row a ``skip`` saying why (the driver then returns None)."""
+        self.result.status, self.result.detail = "skip", detail
+
+
+#: A check's driver: the :class:`invariance.DriverResult` the row is made from, or None when the
+#: driver wrote the row itself (agreement, or a skip through :meth:`_Run.skip`).
+Driver: TypeAlias = Callable[[_Run], "invariance.DriverResult | None"]
+
+
 def _run(
     component: Component,
     subject: SubjectLike,
@@ -221,6 +258,30 @@ def _run(
     result: CheckResult,
     m_limit: int | None,
 ) -> None:
+    """Run ``check`` through its driver in :data:`DRIVERS` and write the row into ``result``."""
+    run = _prepare(component, subject, check, case, lane, result, m_limit)
+    reason = _not_applicable(run)
+    if reason:
+        result.status, result.detail = "skip", reason
+        return
+    driver = DRIVERS.get(check)
+    if driver is None:
+        raise ValueError(f"check: expected one of {', '.join(CHECKS)}; got {check!r}")
+    outcome = driver(run)
+    if outcome is not None:  # None: the driver wrote the row (agreement, a skip)
+        _record(outcome, run)
+
+
+def _prepare(
+    component: Component,
+    subject: SubjectLike,
+    check: str,
+    case: Case,
+    lane: Lane,
+    result: CheckResult,
+    m_limit: int | None,
+) -> _Run:
+    """The case built on the lane's device and the subject wrapped as every driver calls it."""
     device = torch.device(lane_device(lane))
     batch = built(component, case, device)
     view = _view(component, subject)
@@ -239,140 +300,216 @@ def _run(
         def call(b: Batch) -> Outputs:
             return local(whole(b))
 
-    unit = "requests" if component.requests is not None else "rows"
-    if batch.num_rows == 0:
-        result.status, result.detail = "skip", f"nothing to compare: the case has no {unit}"
-        return
-    if check in REQUEST_CHECKS and component.requests is None:
-        result.status, result.detail = "skip", "a row-wise component has no request model"
-        return
-    if check in ROW_CHECKS and check not in ("partition", "repeat") and component.requests is not None:
-        result.status, result.detail = "skip", f"{check} is a row check; this component is request-level"
-        return
-    if check == "agreement":
-        fast_out = call(batch)
-        if launches.reference:
-            _oracle_agreement(component, batch, fast_out, result)
-        else:
-            _agreement(component, batch, fast_out, result)
-        return
     generator = torch.Generator().manual_seed(case.seed + 1_000_003)
-    if check == "batch_prefix":
-        ms = m_sweep(lane, m_limit)
-        # --max-m removed an M this case could have run: a clean result proves less than it says.
-        result.m_cut = any(m not in ms and m < batch.num_rows for m in m_sweep(lane))
-        driver = invariance.batch_prefix(call, batch, ms)
-    elif check == "position":
-        neighbours = built(component, case.with_seed(case.seed + 7919), device)
-        n = batch.num_rows
-        targets = sorted({0, n - 1, int(torch.randint(n, (1,), generator=generator))})
-        m = neighbours.num_rows
-        positions = sorted({0, 1, m // 2, m - 1, int(torch.randint(m, (1,), generator=generator))})
-        driver = invariance.position(call, batch, neighbours, targets, positions)
-    elif check == "row_start":
-        if component.shift_row_start is None:
-            result.status, result.detail = "skip", "no row window"
-            return
-        low, high = ROW_OFFSET_RANDOM
-        offsets = (*ROW_OFFSETS, int(torch.randint(low, high, (1,), generator=generator)))
-        driver = invariance.row_start(call, batch, component.shift_row_start, offsets, generator)
-    elif check == "partition":
-        arg = component.partition_arg
-        if arg is None or not view.accepts_partition:
-            result.status, result.detail = "skip", "no partition parameter"
-            return
+    return _Run(
+        component=component,
+        subject=subject,
+        check=check,
+        case=case,
+        lane=lane,
+        m_limit=m_limit,
+        device=device,
+        batch=batch,
+        view=view,
+        launches=launches,
+        call=call,
+        local=local,
+        generator=generator,
+        result=result,
+    )
 
-        def call_with(b: Batch, count: int | None) -> Outputs:
-            launches.note(b)
-            kwargs = b.kwargs()
-            if count is not None:
-                kwargs[arg] = count
-            with invariance.inputs_untouched(b):
-                out = as_outputs(impl(**kwargs))
-            return local(out) if local is not None else out
 
-        from batchinv.fast.device import sm_count
+def _not_applicable(run: _Run) -> str:
+    """Why ``run.check`` has nothing to check on this case ("" if it has): an empty case, a
+    request check of a row-wise component, a row check of a request-level one."""
+    component, check = run.component, run.check
+    if run.batch.num_rows == 0:
+        unit = "requests" if component.requests is not None else "rows"
+        return f"nothing to compare: the case has no {unit}"
+    if check in REQUEST_CHECKS and component.requests is None:
+        return "a row-wise component has no request model"
+    if check in ROW_CHECKS and check not in ("partition", "repeat") and component.requests is not None:
+        return f"{check} is a row check; this component is request-level"
+    return ""
 
-        driver = invariance.partition(
-            call_with, batch, invariance.sm_partition_counts(sm_count(device if lane.is_gpu else None))
-        )
-    elif check == "repeat":
-        # a request-level batch takes its half through the request model (shared operands may
-        # index the requests: grouped_gemm's align tensors)
-        driver = invariance.repeat(call, batch, take=component.requests.take if component.requests else None)
-    elif check == "config_equivalence":
-        if component.configs is None:
-            result.status, result.detail = "skip", "the component declares no configs"
-            return
-        if isinstance(subject, Subject):
-            result.status = "skip"
-            result.detail = "the component's configs are executions of its own kernel, not the subject's"
-            return
-        baseline = _baseline_of(component, subject)
-        if baseline is not None and not baseline.config_control:
-            result.status = "skip"
-            result.detail = (
-                "not a config of the component's kernel (Baseline.config_control): its bits differ from "
-                "the configs' by construction, which is no variance"
-            )
-            return
-        driver = invariance.config_equivalence(call, batch, _config_calls(component, batch, lane))
-    elif check == "modes":
-        fn = view.modes
-        if fn is None:
-            result.status, result.detail = "skip", "not an operator (no torch_op; a baseline without modes)"
-            return
-        driver = _modes(fn, batch, lane, m_limit, fullgraph=subject == FAST)
-    elif check in REQUEST_CHECKS:
-        driver = _request_check(component, check, case, lane, device, call, batch, generator, result, m_limit)
-    else:
-        raise ValueError(f"check: expected one of {', '.join(CHECKS)}; got {check!r}")
-    result.status = "pass" if driver.passed else "fail"
-    if driver.passed and not driver.comparisons:
+
+def _record(outcome: invariance.DriverResult, run: _Run) -> None:
+    """The row from a driver's outcome: ``skip`` if it compared nothing, and ``reference path``
+    where a launch of ``fast`` ran the reference (:meth:`_Launches.mark`)."""
+    result = run.result
+    result.status = "pass" if outcome.passed else "fail"
+    if outcome.passed and not outcome.comparisons:
         result.status = "skip"
-        driver.detail = f"nothing to compare: {driver.vacuous or 'no sweep point applies to this case'}"
-    result.rows_total = driver.rows_total
-    result.rows_differing = driver.rows_differing
-    result.worst_ulp = driver.worst_ulp
-    result.where = driver.where
-    result.first_difference = driver.first_difference
-    result.detail = driver.detail
-    launches.mark(result)
+        outcome.detail = f"nothing to compare: {outcome.vacuous or 'no sweep point applies to this case'}"
+    result.rows_total = outcome.rows_total
+    result.rows_differing = outcome.rows_differing
+    result.worst_ulp = outcome.worst_ulp
+    result.where = outcome.where
+    result.first_difference = outcome.first_difference
+    result.detail = outcome.detail
+    run.launches.mark(result)
 
 
-def _request_check(
-    component: Component,
-    check: str,
-    case: Case,
-    lane: Lane,
-    device: torch.device,
-    call: Callable[[Batch], Outputs],
-    batch: Batch,
-    generator: torch.Generator,
-    result: CheckResult,
-    m_limit: int | None,
-) -> invariance.DriverResult:
-    """co_batch, slot or placement of a request-level component.  The other requests come from
-    the model's ``neighbours`` (one case per length mix; co_batch deals the mixes round-robin
-    over its (target, size) pairs, slot uses the first mix), or, without it, from the same case
-    built with another seed (as the position check's neighbours).  co_batch cycles through a
-    pool's requests to reach each co-batch size of :func:`co_batch_sizes` (``--max-m`` cuts the
-    sizes whose launch, the target and its co-batch, would pass it)."""
-    model = component.requests
-    assert model is not None  # the caller dispatches request checks of request-level components only
-    if check == "placement":
-        return invariance.placement(call, batch, model, generator)
-    if model.neighbours is None:
-        pools = {"": built(component, case.with_seed(case.seed + 7919), device)}
+def _agreement_check(run: _Run) -> None:
+    """agreement: ``fast`` against the reference (the oracle where ``fast`` ran the reference)."""
+    fast_out = run.call(run.batch)
+    if run.launches.reference:
+        _oracle_agreement(run.component, run.batch, fast_out, run.result)
     else:
-        pools = {mix: built(component, c, device) for mix, c in model.neighbours(case, lane).items()}
-    if check == "slot":
-        return invariance.slot(call, batch, next(iter(pools.values())), model, generator)
-    lane_sizes = model.co_batch_sizes(lane) if model.co_batch_sizes is not None else co_batch_sizes(lane)
-    sizes = tuple(k for k in lane_sizes if m_limit is None or k + 1 <= m_limit)
-    result.m_cut = len(sizes) < len(lane_sizes) and any(p.num_rows > 0 for p in pools.values())
+        _agreement(run.component, run.batch, fast_out, run.result)
+
+
+def _batch_prefix(run: _Run) -> invariance.DriverResult:
+    ms = m_sweep(run.lane, run.m_limit)
+    # --max-m removed an M this case could have run: a clean result proves less than it says.
+    run.result.m_cut = any(m not in ms and m < run.batch.num_rows for m in m_sweep(run.lane))
+    return invariance.batch_prefix(run.call, run.batch, ms)
+
+
+def _position(run: _Run) -> invariance.DriverResult:
+    neighbours = built(run.component, run.case.with_seed(run.case.seed + 7919), run.device)
+    n = run.batch.num_rows
+    targets = sorted({0, n - 1, int(torch.randint(n, (1,), generator=run.generator))})
+    m = neighbours.num_rows
+    positions = sorted({0, 1, m // 2, m - 1, int(torch.randint(m, (1,), generator=run.generator))})
+    return invariance.position(run.call, run.batch, neighbours, targets, positions)
+
+
+def _row_start(run: _Run) -> invariance.DriverResult | None:
+    shift = run.component.shift_row_start
+    if shift is None:
+        run.skip("no row window")
+        return None
+    low, high = ROW_OFFSET_RANDOM
+    offsets = (*ROW_OFFSETS, int(torch.randint(low, high, (1,), generator=run.generator)))
+    return invariance.row_start(run.call, run.batch, shift, offsets, run.generator)
+
+
+def _partition(run: _Run) -> invariance.DriverResult | None:
+    arg = run.component.partition_arg
+    if arg is None or not run.view.accepts_partition:
+        run.skip("no partition parameter")
+        return None
+    impl, local, launches = run.view.call, run.local, run.launches
+
+    def call_with(b: Batch, count: int | None) -> Outputs:
+        launches.note(b)
+        kwargs = b.kwargs()
+        if count is not None:
+            kwargs[arg] = count
+        with invariance.inputs_untouched(b):
+            out = as_outputs(impl(**kwargs))
+        return local(out) if local is not None else out
+
+    from batchinv.fast.device import sm_count
+
+    counts = invariance.sm_partition_counts(sm_count(run.device if run.lane.is_gpu else None))
+    return invariance.partition(call_with, run.batch, counts)
+
+
+def _repeat(run: _Run) -> invariance.DriverResult:
+    # a request-level batch takes its half through the request model (shared operands may
+    # index the requests: grouped_gemm's align tensors)
+    model = run.component.requests
+    return invariance.repeat(run.call, run.batch, take=model.take if model else None)
+
+
+def _config_equivalence(run: _Run) -> invariance.DriverResult | None:
+    if run.component.configs is None:
+        run.skip("the component declares no configs")
+        return None
+    if isinstance(run.subject, Subject):
+        run.skip("the component's configs are executions of its own kernel, not the subject's")
+        return None
+    baseline = _baseline_of(run.component, run.subject)
+    if baseline is not None and not baseline.config_control:
+        run.skip(
+            "not a config of the component's kernel (Baseline.config_control): its bits differ from "
+            "the configs' by construction, which is no variance"
+        )
+        return None
+    return invariance.config_equivalence(
+        run.call, run.batch, _config_calls(run.component, run.batch, run.lane)
+    )
+
+
+def _modes_check(run: _Run) -> invariance.DriverResult | None:
+    fn = run.view.modes
+    if fn is None:
+        run.skip("not an operator (no torch_op; a baseline without modes)")
+        return None
+    return _modes(fn, run.batch, run.lane, run.m_limit, fullgraph=run.subject == FAST)
+
+
+def _request_model(run: _Run) -> RequestModel:
+    model = run.component.requests
+    assert model is not None  # _run dispatches request checks of request-level components only
+    return model
+
+
+def _pools(run: _Run, model: RequestModel) -> dict[str, Batch]:
+    """The other requests of co_batch and slot: the model's ``neighbours`` (one case per length
+    mix), or, without it, the same case built with another seed (as the position check's
+    neighbours)."""
+    if model.neighbours is None:
+        return {"": built(run.component, run.case.with_seed(run.case.seed + 7919), run.device)}
+    return {
+        mix: built(run.component, c, run.device) for mix, c in model.neighbours(run.case, run.lane).items()
+    }
+
+
+def _co_batch(run: _Run) -> invariance.DriverResult:
+    """co_batch of a request-level component: the mixes of :func:`_pools` dealt round-robin over
+    its (target, size) pairs, cycling through a pool's requests to reach each co-batch size of
+    :func:`co_batch_sizes` (``--max-m`` cuts the sizes whose launch, the target and its co-batch,
+    would pass it)."""
+    model = _request_model(run)
+    pools = _pools(run, model)
+    lane_sizes = (
+        model.co_batch_sizes(run.lane) if model.co_batch_sizes is not None else co_batch_sizes(run.lane)
+    )
+    sizes = tuple(k for k in lane_sizes if run.m_limit is None or k + 1 <= run.m_limit)
+    run.result.m_cut = len(sizes) < len(lane_sizes) and any(p.num_rows > 0 for p in pools.values())
     others: Batch | dict[str, Batch] = pools[""] if "" in pools else pools
-    return invariance.co_batch(call, batch, others, model, sizes, generator)
+    return invariance.co_batch(run.call, run.batch, others, model, sizes, run.generator)
+
+
+def _slot(run: _Run) -> invariance.DriverResult:
+    """slot of a request-level component, beside the first pool of :func:`_pools`."""
+    model = _request_model(run)
+    pools = _pools(run, model)
+    return invariance.slot(run.call, run.batch, next(iter(pools.values())), model, run.generator)
+
+
+def _placement(run: _Run) -> invariance.DriverResult:
+    """placement of a request-level component (its requests relocated by the model)."""
+    return invariance.placement(run.call, run.batch, _request_model(run), run.generator)
+
+
+#: Every check's driver, by name, in :data:`registry.CHECKS` order (the sweep's and the report's
+#: column order).  The registry owns the names (components validate theirs against them without
+#: importing this module); this table must name exactly those, in that order: an import-time error
+#: otherwise, so that a check cannot be declared without a driver nor a driver added without a name.
+DRIVERS: Mapping[str, Driver] = MappingProxyType(
+    {
+        "agreement": _agreement_check,
+        "batch_prefix": _batch_prefix,
+        "position": _position,
+        "row_start": _row_start,
+        "partition": _partition,
+        "repeat": _repeat,
+        "co_batch": _co_batch,
+        "slot": _slot,
+        "placement": _placement,
+        "config_equivalence": _config_equivalence,
+        "modes": _modes_check,
+    }
+)
+if tuple(DRIVERS) != CHECKS:
+    raise ImportError(
+        f"harness.checks.DRIVERS names {tuple(DRIVERS)}; registry.CHECKS names {CHECKS}: "
+        "every check needs exactly one driver, in the same order"
+    )
 
 
 #: ``torch.compile`` backend per lane kind: Inductor on GPU lanes; AOT autograd without code

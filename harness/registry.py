@@ -286,6 +286,9 @@ CONFIG_CHECKS: tuple[str, ...] = ("config_equivalence",)
 MODE_CHECKS: tuple[str, ...] = ("modes",)
 #: Every invariance check, in sweep order.
 INVARIANCE_CHECKS: tuple[str, ...] = (*ROW_CHECKS, *REQUEST_CHECKS, *CONFIG_CHECKS, *MODE_CHECKS)
+#: Every check, in sweep order (the column order of the sweep's table and the report).  Each has
+#: exactly one driver in ``harness.checks.DRIVERS``, which names these in this order (checked when
+#: ``harness.checks`` is imported: that module imports this one, never the reverse).
 CHECKS: tuple[str, ...] = ("agreement", *INVARIANCE_CHECKS)
 
 #: Co-batch sizes (other requests sharing the launch) of the co_batch check; ``--max-m`` cuts them.
