@@ -8,7 +8,7 @@ a step); the chunk sums are added in increasing chunk order to a total that star
 bias is added to the total; one rounding to the output dtype.  Nothing in it depends on M, so
 the bits of a row cannot depend on the batch.
 
-**An execution** (:class:`Execution`, :func:`select_execution`) is who computes what: the tile
+**An execution** (:class:`Execution`, :func:`execution_table`, :func:`select_execution`) is who computes what: the tile
 (``BLOCK_M`` x ``BLOCK_N``), the visiting order (``GROUP_M``), warps and stages, and whether the
 chunks of a tile run in different programs (``split_k``: each program sums one chunk into an fp32
 workspace, a second kernel adds the chunk sums in order) or one program walks all of them.  Both
@@ -24,6 +24,9 @@ Why the tree is never keyed on M: see above, and vLLM's issue with a bucket look
 the trace-time M under torch.compile (the ``modes`` check compares the compiled prefix to eager at
 every M; the launcher runs at call time, inside an opaque custom op, with the runtime M).
 
+The two-step lookup (shape keys without M give an :class:`~batchinv.fast.execution.ExecutionTable`,
+the table takes M) is the shared vocabulary of :mod:`batchinv.fast.execution`.
+
 ``docs/BENCHMARKS.md`` gives the floor and the measurements behind each row.
 """
 
@@ -33,18 +36,16 @@ from dataclasses import dataclass
 
 import torch
 
+from batchinv.fast.execution import (
+    ExecutionTable,
+    MBucket,
+    check_positive_int,
+    check_power_of_two,
+    every_execution,
+    select_by_m,
+)
 from batchinv.reference.errors import ArgumentError
 from batchinv.reference.fp8_gemm import SCALE_BLOCK
-
-
-def _power_of_two(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or value & (value - 1):
-        raise ArgumentError(name, f"a power of two >= {low}", value)
-
-
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ArgumentError(name, "a positive int", value)
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,12 @@ class ReductionTree:
     promote_k: int = 0
 
     def __post_init__(self) -> None:
-        _power_of_two("block_k", self.block_k, 16)
-        _positive_int("chunk_k", self.chunk_k)
+        check_power_of_two("block_k", self.block_k, 16)
+        check_positive_int("chunk_k", self.chunk_k)
         if self.chunk_k % self.block_k:
             raise ArgumentError("chunk_k", f"a multiple of block_k = {self.block_k}", self.chunk_k)
         if self.promote_k:
-            _power_of_two("promote_k", self.promote_k, 32)
+            check_power_of_two("promote_k", self.promote_k, 32)
             if self.block_k % self.promote_k:
                 raise ArgumentError(
                     "promote_k", f"0 or a divisor of block_k = {self.block_k}", self.promote_k
@@ -111,10 +112,10 @@ class Execution:
     tma: bool = False
 
     def __post_init__(self) -> None:
-        _power_of_two("block_m", self.block_m, 16)
-        _power_of_two("block_n", self.block_n, 16)
+        check_power_of_two("block_m", self.block_m, 16)
+        check_power_of_two("block_n", self.block_n, 16)
         for name in ("group_m", "num_warps", "num_stages"):
-            _positive_int(name, getattr(self, name))
+            check_positive_int(name, getattr(self, name))
         for name in ("split_k", "tma"):
             if not isinstance(getattr(self, name), bool):
                 raise ArgumentError(name, "a bool", getattr(self, name))
@@ -276,11 +277,11 @@ def reduction_tree(
 
 
 @dataclass(frozen=True)
-class ExecutionRule:
-    """One row of the execution table: applies to ``arch`` and ``dtypes`` when ``N <= max_n`` and
-    ``M <= max_m`` (None: no limit).  Rows are tried in order; the first match wins.  The M key
-    is legitimate because every execution computes the same :class:`ReductionTree`, and
-    ``config_equivalence`` proves the bits equal."""
+class ExecutionRule(MBucket[Execution]):
+    """One row of the execution table, an :class:`~batchinv.fast.execution.MBucket`: applies to
+    ``arch`` and ``dtypes`` when ``N <= max_n`` and ``M <= max_m`` (None: no limit).  Rows are
+    tried in order; the first match wins.  The M key is legitimate because every execution
+    computes the same :class:`ReductionTree`, and ``config_equivalence`` proves the bits equal."""
 
     arch: str
     dtypes: tuple[torch.dtype, ...]
@@ -364,28 +365,27 @@ EXECUTION_TABLE: tuple[ExecutionRule, ...] = (
 FALLBACK_EXECUTION = Execution(64, 64, num_warps=4, num_stages=2)
 
 
-def _rules(arch: str, dtype: torch.dtype, n: int) -> list[ExecutionRule]:
-    return [
+def execution_table(arch: str, dtype: torch.dtype, n: int) -> ExecutionTable[Execution]:
+    """The executions of ``(arch, dtype, N)`` by M bucket: the rows of :data:`EXECUTION_TABLE`
+    whose arch, dtypes and ``max_n`` hold, in order (the fallback: :data:`FALLBACK_EXECUTION`).
+    There is no M parameter: M is the table's to look at (:func:`select_execution`)."""
+    return tuple(
         r
         for r in EXECUTION_TABLE
         if r.arch == arch and dtype in r.dtypes and (r.max_n is None or n <= r.max_n)
-    ]
+    )
 
 
 def select_execution(arch: str, dtype: torch.dtype, n: int, m: int) -> Execution:
     """The execution for ``m`` rows: the first row of :data:`EXECUTION_TABLE` that matches,
     else :data:`FALLBACK_EXECUTION`.  Never changes the bits (see the module docstring)."""
-    for rule in _rules(arch, dtype, n):
-        if rule.max_m is None or m <= rule.max_m:
-            return rule.execution
-    return FALLBACK_EXECUTION
+    return select_by_m(execution_table(arch, dtype, n), m, FALLBACK_EXECUTION)
 
 
 def executions(arch: str, dtype: torch.dtype, n: int) -> tuple[Execution, ...]:
     """Every execution :func:`select_execution` may pick for ``(arch, dtype, N)``, any M: what
     ``config_equivalence`` runs."""
-    found = [r.execution for r in _rules(arch, dtype, n)] or [FALLBACK_EXECUTION]
-    return tuple(dict.fromkeys(found))
+    return every_execution(execution_table(arch, dtype, n), FALLBACK_EXECUTION)
 
 
 def select_config(

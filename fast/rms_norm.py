@@ -20,6 +20,7 @@ import torch
 import triton
 
 from batchinv.fast.device import arch, check_launch_device, interpreter_quiet, kernel_operand
+from batchinv.fast.execution import check_power_of_two
 from batchinv.fast.kernels.rms_norm import rms_norm_rows_kernel
 from batchinv.reference.errors import check_same_device
 from batchinv.reference.rms_norm import check_rms_norm_args, eps_float32
@@ -29,8 +30,9 @@ VECTOR_BYTES = 16
 
 
 @dataclass(frozen=True)
-class RowConfig:
-    """The launch configuration of one (arch, dtype, hidden size).
+class RmsNormConfig:
+    """The launch configuration of the RMS norm kernels (``rms_norm``, ``fused_add_rms_norm``)
+    for one (arch, dtype, hidden size).
 
     Attributes:
         block_m: rows per program (the rows of a tile are reduced independently).
@@ -52,9 +54,7 @@ class RowConfig:
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "row_align"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"RowConfig.{name}: expected a power of two >= 1, got {value}")
+            check_power_of_two(name, getattr(self, name))
 
     def single_tile(self, n_cols: int) -> bool:
         return self.block_n >= n_cols
@@ -77,7 +77,7 @@ def _row_align(dtype: torch.dtype, n_cols: int) -> int:
     return vec if n_cols % vec == 0 else 1
 
 
-def derive_config(arch_name: str, dtype: torch.dtype, n_cols: int) -> RowConfig:
+def derive_config(arch_name: str, dtype: torch.dtype, n_cols: int) -> RmsNormConfig:
     """The config rule, a function of (arch, dtype, hidden size) only (never of the rows).
 
     Whole rows up to 8192 columns sit in one tile (one read of x); wider rows loop over
@@ -93,7 +93,7 @@ def derive_config(arch_name: str, dtype: torch.dtype, n_cols: int) -> RowConfig:
     else:
         block_m = max(1, 1024 // block_n)
     num_warps = min(16, max(4, block_n // 512))
-    return RowConfig(
+    return RmsNormConfig(
         block_m=block_m, block_n=block_n, num_warps=num_warps, row_align=_row_align(dtype, n_cols)
     )
 
@@ -101,12 +101,12 @@ def derive_config(arch_name: str, dtype: torch.dtype, n_cols: int) -> RowConfig:
 #: The config table.  Keyed ONLY on (arch, dtype, hidden size): never on the number of rows,
 #: since anything that changes with the rows could change a row's reduction order and with it
 #: its bits.  tests/test_rms_norm.py checks the key and that every M runs one config.
-CONFIGS: MappingProxyType[ConfigKey, RowConfig] = MappingProxyType(
+CONFIGS: MappingProxyType[ConfigKey, RmsNormConfig] = MappingProxyType(
     {(a, d, n): derive_config(a, d, n) for a in _GPU_ARCHES for d in _DTYPES for n in PRODUCTION_HIDDEN}
 )
 
 
-def config_for(arch_name: str, dtype: torch.dtype, n_cols: int) -> RowConfig:
+def config_for(arch_name: str, dtype: torch.dtype, n_cols: int) -> RmsNormConfig:
     """The config of (arch, dtype, hidden size): the table entry, else :func:`derive_config`."""
     return CONFIGS.get((arch_name, dtype, n_cols)) or derive_config(arch_name, dtype, n_cols)
 
@@ -136,7 +136,7 @@ def launch_rows(
     residual: torch.Tensor | None,
     weight: torch.Tensor,
     eps: float,
-    config: RowConfig,
+    config: RmsNormConfig,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Allocate the outputs, stage misaligned operands and launch the kernel with ``config``.
 

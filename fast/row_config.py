@@ -10,6 +10,8 @@ from typing import Final
 
 import torch
 
+from batchinv.fast.execution import check_power_of_two
+
 
 @dataclass(frozen=True)
 class RowConfig:
@@ -33,9 +35,7 @@ class RowConfig:
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"{name}: expected a power of two, got {value}")
+            check_power_of_two(name, getattr(self, name))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Each launcher validates its arguments (typed errors), allocates the output, picks the kernel
 configuration -- the tile from :data:`SOFTMAX_TABLE` (keyed on arch, dtype and row length only)
-and the execution from :data:`EXECUTION_TABLE` -- and launches.  No host synchronisation, so a
+and the execution from :data:`EXECUTION_TABLE` (:func:`execution_table`, the two-step lookup of
+:mod:`batchinv.fast.execution`) -- and launches.  No host synchronisation, so a
 call can be captured in a CUDA graph.
 
 Two levels, and only the second may look at the number of rows:
@@ -36,6 +37,14 @@ import torch
 import triton
 
 from batchinv.fast.device import arch, check_launch_device, interpreter_quiet, kernel_operand
+from batchinv.fast.execution import (
+    ExecutionTable,
+    MBucket,
+    check_positive_int,
+    check_power_of_two,
+    every_execution,
+    select_by_m,
+)
 from batchinv.fast.kernels.softmax import (
     softmax_kernel,
     softmax_split_combine_kernel,
@@ -89,16 +98,6 @@ SOFTMAX_TABLE: Final = MappingProxyType(
 )
 
 
-def _power_of_two(name: str, value: int) -> None:
-    if value < 1 or value & (value - 1):
-        raise ValueError(f"{name}: expected a power of two, got {value}")
-
-
-def _positive(name: str, value: int) -> None:
-    if value < 1:
-        raise ValueError(f"{name}: expected a positive int, got {value}")
-
-
 @dataclass(frozen=True)
 class Tiled:
     """Today's execution: ``softmax_kernel``, one program per tile of ``block_m`` rows (the
@@ -113,8 +112,8 @@ class Tiled:
     stages: int = 1
 
     def __post_init__(self) -> None:
-        _positive("group", self.group)
-        _positive("stages", self.stages)
+        check_positive_int("group", self.group)
+        check_positive_int("stages", self.stages)
 
     @property
     def name(self) -> str:
@@ -155,9 +154,9 @@ class Split:
 
     def __post_init__(self) -> None:
         for name in ("programs", "num_warps", "write_n", "write_warps", "combine_warps", "block_m"):
-            _power_of_two(name, getattr(self, name))
+            check_power_of_two(name, getattr(self, name))
         for name in ("write_programs", "group", "stages", "write_stages"):
-            _positive(name, getattr(self, name))
+            check_positive_int(name, getattr(self, name))
 
     def lanes(self, config: RowConfig) -> int:
         """Lanes of a pass-1 program under the tile ``config``."""
@@ -180,11 +179,12 @@ TILED: Final = Tiled()
 
 
 @dataclass(frozen=True)
-class ExecutionRule:
-    """Launches of at most ``max_rows`` rows, each of at least ``min_cols`` columns, use
-    ``execution`` (the first rule that holds; none: :data:`TILED`)."""
+class ExecutionRule(MBucket[Execution]):
+    """Launches of at most ``max_m`` rows (None: any number), each of at least ``min_cols``
+    columns, use ``execution`` (the first rule that holds; none: :data:`TILED`).  An
+    :class:`~batchinv.fast.execution.MBucket` whose shape key is the row length."""
 
-    max_rows: int
+    max_m: int | None
     min_cols: int
     execution: Execution
 
@@ -234,7 +234,7 @@ INTERP_CANDIDATES: Final = (
 
 _GPU_16BIT_LOG_SOFTMAX: Final = (
     ExecutionRule(16, 32000, GPU_SPLIT_16BIT[1]),
-    ExecutionRule(1 << 62, 32000, Tiled(group=2)),
+    ExecutionRule(None, 32000, Tiled(group=2)),
 )
 
 # The execution table: which programs run the tile's reduction, keyed on (arch family, dtype,
@@ -279,12 +279,21 @@ def execution_candidates(arch_name: str, dtype: torch.dtype, n_cols: int) -> tup
     return (TILED, *found)
 
 
+def execution_table(arch_name: str, dtype: torch.dtype, n_cols: int, op: str) -> ExecutionTable[Execution]:
+    """The executions of ``op`` on rows of ``n_cols`` elements of ``dtype`` on ``arch_name`` by
+    number of rows: the rules of :data:`EXECUTION_TABLE` whose row length holds, in order (the
+    fallback: :data:`TILED`).  Keyed like the tile; the rows are the table's to look at."""
+    rules = EXECUTION_TABLE[(arch_family(arch_name), dtype, op)]
+    return tuple(r for r in rules if n_cols >= r.min_cols)
+
+
 def table_executions(arch_name: str, dtype: torch.dtype, n_cols: int, op: str) -> tuple[Execution, ...]:
     """Every execution the launcher may pick for ``op`` on rows of ``n_cols`` elements of
-    ``dtype`` on ``arch_name``, at any number of rows: :data:`TILED` and each rule of
-    :data:`EXECUTION_TABLE` whose row length holds."""
-    rules = EXECUTION_TABLE[(arch_family(arch_name), dtype, op)]
-    return tuple(dict.fromkeys((TILED, *(r.execution for r in rules if n_cols >= r.min_cols))))
+    ``dtype`` on ``arch_name``, at any number of rows: :data:`TILED` (also what a launch with a
+    baseline's tile runs) and each of :func:`execution_table`."""
+    return tuple(
+        dict.fromkeys((TILED, *every_execution(execution_table(arch_name, dtype, n_cols, op), TILED)))
+    )
 
 
 def equivalence_executions(arch_name: str, dtype: torch.dtype, n_cols: int, op: str) -> tuple[Execution, ...]:
@@ -307,10 +316,7 @@ def softmax_execution(arch_name: str, dtype: torch.dtype, n_cols: int, num_rows:
     ``arch_name`` for ``op`` (``"softmax"`` or ``"log_softmax"``): the first rule of
     :data:`EXECUTION_TABLE` that holds, else :data:`TILED`.  It may look at the rows because no
     execution changes a bit (module docstring); the tile (:func:`softmax_config`) never does."""
-    for rule in EXECUTION_TABLE[(arch_family(arch_name), dtype, op)]:
-        if num_rows <= rule.max_rows and n_cols >= rule.min_cols:
-            return rule.execution
-    return TILED
+    return select_by_m(execution_table(arch_name, dtype, n_cols, op), num_rows, TILED)
 
 
 def softmax_config(arch_name: str, dtype: torch.dtype, n_cols: int) -> RowConfig:

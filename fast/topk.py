@@ -15,6 +15,10 @@ column, no arithmetic whose result depends on an order -- and because the regist
 kernel on every case of every lane, and every warps and register-cap variant on the GPU lanes'
 cases of the tuned bucket, and it requires the shipped launch's bits from each.  A table naming
 anything else fails at import (the :data:`EXECUTIONS` lookup) and in ``tests/test_topk.py``.
+
+Both tables are read through :func:`execution_table`, the two-step lookup of
+:mod:`batchinv.fast.execution`: (arch, k, num_cols) give the executions by row bucket, the rows
+pick one.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Final
 import torch
 
 from batchinv.fast.device import arch, check_launch_device, interpreter_quiet, kernel_operand
+from batchinv.fast.execution import ANY_M, ExecutionTable, UpTo, select_by_m
 from batchinv.fast.kernels.topk import topk_kernel, topk_sign_count_kernel
 from batchinv.reference.errors import ArgumentError
 from batchinv.reference.topk import check_topk_arguments
@@ -40,12 +45,14 @@ __all__ = [
     "MAX_NUM_COLS",
     "NUM_COLS_BUCKETS",
     "ROW_BUCKETS",
+    "ROW_BUCKET_TABLE",
     "ROW_CONFIGS",
     "SM90_8192_BY_ROW_BUCKET",
     "SMALL_ROWS",
     "TUNED_NUM_COLS_BUCKET",
     "Execution",
     "TopkConfig",
+    "execution_table",
     "in_envelope",
     "launch_rows",
     "row_bucket",
@@ -184,12 +191,19 @@ def num_cols_bucket(num_cols: int) -> int:
     raise ValueError(f"num_cols: expected at most {MAX_NUM_COLS}, got {num_cols}")
 
 
+#: The row buckets as M buckets, each naming itself: None (the :data:`CONFIGS` entry) up to
+#: :data:`SMALL_ROWS` rows, then each of :data:`ROW_BUCKETS`, the last taking any more rows.
+ROW_BUCKET_TABLE: Final[ExecutionTable[int | None]] = (
+    UpTo(SMALL_ROWS, None),
+    *(UpTo(b, b) for b in ROW_BUCKETS[:-1]),
+    UpTo(ANY_M, ROW_BUCKETS[-1]),
+)
+
+
 def row_bucket(num_rows: int) -> int | None:
     """The row bucket of a launch of ``num_rows`` rows: None up to :data:`SMALL_ROWS`, else the
     first of :data:`ROW_BUCKETS` holding it (the last for more rows)."""
-    if num_rows <= SMALL_ROWS:
-        return None
-    return next((b for b in ROW_BUCKETS if num_rows <= b), ROW_BUCKETS[-1])
+    return select_by_m(ROW_BUCKET_TABLE, num_rows, None)
 
 
 def in_envelope(k: int, num_cols: int) -> bool:
@@ -197,16 +211,30 @@ def in_envelope(k: int, num_cols: int) -> bool:
     return k in ENVELOPE_K and num_cols <= MAX_NUM_COLS
 
 
+def _config_at(arch_key: str, k: int, num_cols: int, rows: int | None) -> TopkConfig:
+    """The config of a row bucket (None: up to :data:`SMALL_ROWS` rows); an arch outside the
+    tables takes the "generic" rows."""
+    bucket = num_cols_bucket(num_cols)
+    known = arch_key if (arch_key, k, bucket) in CONFIGS else "generic"
+    if rows is None:
+        return CONFIGS[(known, k, bucket)]
+    return ROW_CONFIGS[(known, k, bucket, rows)]
+
+
+def execution_table(arch_key: str, k: int, num_cols: int) -> ExecutionTable[TopkConfig]:
+    """The configs of ``arch_key`` (as :func:`batchinv.fast.device.arch` names it), ``k`` and
+    ``num_cols`` by number of rows (:data:`ROW_BUCKET_TABLE`): the :data:`CONFIGS` entry up to
+    :data:`SMALL_ROWS` rows, the :data:`ROW_CONFIGS` entry of each row bucket above.  No row
+    parameter: the rows are the table's to look at (:func:`select_config` reads the same two
+    tables through :func:`row_bucket`, without building this tuple on every launch)."""
+    return tuple(UpTo(r.max_m, _config_at(arch_key, k, num_cols, r.execution)) for r in ROW_BUCKET_TABLE)
+
+
 def select_config(arch_key: str, k: int, num_cols: int, num_rows: int = 1) -> TopkConfig:
     """The config for ``arch_key`` (as :func:`batchinv.fast.device.arch` names it), ``k``,
     ``num_cols`` and a launch of ``num_rows`` rows: :data:`CONFIGS` up to :data:`SMALL_ROWS`
     rows, :data:`ROW_CONFIGS` above (every entry proven bit-identical by ``config_equivalence``)."""
-    bucket = num_cols_bucket(num_cols)
-    known = arch_key if (arch_key, k, bucket) in CONFIGS else "generic"
-    rows = row_bucket(num_rows)
-    if rows is None:
-        return CONFIGS[(known, k, bucket)]
-    return ROW_CONFIGS[(known, k, bucket, rows)]
+    return _config_at(arch_key, k, num_cols, row_bucket(num_rows))
 
 
 def topk(

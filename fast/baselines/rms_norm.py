@@ -23,14 +23,14 @@ from dataclasses import replace
 import torch
 
 from batchinv.fast.device import arch, check_launch_device
-from batchinv.fast.rms_norm import RowConfig, config_for, launch_rows
+from batchinv.fast.rms_norm import RmsNormConfig, config_for, launch_rows
 from batchinv.reference.rms_norm import check_rms_norm_args
 
 #: The token count at which the rows-dependent heuristic switches tiles.
 ROWS_SWITCH = 256
 
 
-def rows_dependent_config(arch_name: str, dtype: torch.dtype, n_cols: int, n_rows: int) -> RowConfig:
+def rows_dependent_config(arch_name: str, dtype: torch.dtype, n_cols: int, n_rows: int) -> RmsNormConfig:
     """The pinned config with an fp32 sum of squares and ``block_n`` taken from the number of
     rows (the unpinned choice)."""
     pinned = replace(config_for(arch_name, dtype, n_cols), fp64_sum=False)
