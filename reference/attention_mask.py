@@ -93,8 +93,9 @@ def visible_key_ranges(
         limit).
     q_len, kv_len : int, >= 0
     is_causal : bool
-        Also apply the causal limit.  SDPA's own flag is top-left; torch 2.13's math backend
-        intersects it with an explicit mask (other backends refuse the pair).
+        Also apply the causal limit, intersected with the mask.  SDPA's own flag is top-left;
+        its documented reference refuses a mask with it (``assert attn_mask is None``), while
+        torch 2.13's CPU math path takes the intersection, as this does.
     alignment : "top_left" (default, SDPA's ``is_causal``) or "bottom_right"
 
     Returns
