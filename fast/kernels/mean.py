@@ -3,8 +3,8 @@
 A program owns a tile of ``BLOCK_M`` rows and walks them in fixed chunks of ``BLOCK_N``
 columns; each lane (row, column slot) keeps an fp64 running sum of the row's elements (each
 first rounded to the output dtype, then widened exactly), and a row's ``BLOCK_N`` lanes are
-combined by :func:`~batchinv.fast.kernels.primitives.fixed_point_lane_sum_f64` (integer adds on a fixed-point grid: the same bits
-in any order, so Triton's register layout does not enter).  The sum is divided by the row
+combined by :func:`~batchinv.fast.kernels.primitives.fixed_point_lane_sum_f64` (integer adds
+on a fixed-point grid: the same bits in any order, so Triton's register layout does not enter).  The sum is divided by the row
 length in fp64 (correctly rounded on GPUs and in the interpreter alike, unlike fp32 ``/``,
 which a GPU computes with the approximate ``div.full.f32``) and rounded once to the output
 dtype.  The order of a row's additions depends on ``BLOCK_N`` and the row length alone; rows

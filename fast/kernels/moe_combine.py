@@ -5,8 +5,9 @@ exactly to fp64, multiplied by its fp32 weight widened to fp64, and added to an 
 accumulator in slot order j = 0..k-1, starting from the first product; the sum is rounded once
 to the output dtype (``round_from_f64``, through fp32 rounded to odd) and a NaN becomes the
 canonical quiet NaN (``canonical_nan_block``; both in :mod:`batchinv.fast.kernels.primitives`).
-The launcher passes ``enable_fp_fusion=False``: otherwise the backend may contract ``acc + w * y`` into one fused multiply-add (one rounding instead of two), which the
-fp64 reference, doing the product and the sum as separate IEEE operations, does not.
+The launcher passes ``enable_fp_fusion=False``: otherwise the backend may contract
+``acc + w * y`` into one fused multiply-add (one rounding instead of two), which the fp64
+reference, doing the product and the sum as separate IEEE operations, does not.
 
 :func:`moe_combine_atomic_kernel`: the negative control's kernel, one program per (token, slot,
 column tile) adding its fp32 product into an fp32 output with ``tl.atomic_add`` (the order of a
