@@ -5,6 +5,10 @@ kernel.
 
     python ci/tune_topk.py            # prints a table; exit 1 if any variant's bits differ
 
+The radix-4 variant is the shipped :func:`~batchinv.fast.kernels.topk.topk_kernel` itself with
+one parameter changed, its k-th-key search (:func:`with_kth_key`): its code and its globals are
+the shipped kernel's but for that search, so it follows every change to the shipped kernel.
+
 This script is how the small launches' table (``CONFIGS``: arch, k, num_cols bucket) was chosen
 (docs/BENCHMARKS.md records the run); ``ci/tune_topk_rows.py`` tunes the many-row buckets.
 """
@@ -12,13 +16,16 @@ This script is how the small launches' table (``CONFIGS``: arch, k, num_cols buc
 from __future__ import annotations
 
 import sys
+import types
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
+import batchinv.fast.kernels.topk as topk_kernels
 import batchinv.fast.topk as fast_topk
-from batchinv.fast.kernels.topk import KEY_MIN, _emit, _load_window, _monotone_key
+from batchinv.fast.kernels.topk import KEY_MIN
 from batchinv.harness.bench import time_call
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import get
@@ -46,38 +53,37 @@ def _kth_key_radix4(key, candidate, num_wanted):
     return thresh.to(tl.int32)
 
 
-@triton.jit
-def topk_radix4_kernel(
-    scores_ptr,
-    row_starts_ptr,
-    row_ends_ptr,
-    out_ptr,
-    num_cols,
-    stride_scores_row,
-    stride_scores_col,
-    stride_starts,
-    stride_ends,
-    stride_out_row,
-    K: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    start, end = _load_window(row_starts_ptr, row_ends_ptr, row, num_cols, stride_starts, stride_ends)
-    cols = tl.arange(0, BLOCK_N)
-    in_window = (cols >= start) & (cols < end)
-    scores = tl.load(
-        scores_ptr + row * stride_scores_row + cols.to(tl.int64) * stride_scores_col,
-        mask=in_window,
-        other=0.0,
+def _rejit(jitted: Any, replaced: dict[str, Any], **jit_kwargs: Any) -> Any:
+    """The shipped ``@triton.jit`` function ``jitted`` jitted again with the globals in
+    ``replaced`` rebound: the same code object and source (Triton reads it from the shipped file),
+    a copy of its module's globals."""
+    fn = jitted.fn
+    missing = set(replaced) - set(fn.__globals__)
+    if missing:  # the shipped kernel no longer calls what this variant replaces
+        raise LookupError(f"{fn.__module__}.{fn.__name__} has no global {sorted(missing)}")
+    clone = types.FunctionType(
+        fn.__code__, {**fn.__globals__, **replaced}, fn.__name__, fn.__defaults__, fn.__closure__
     )
-    key = _monotone_key(scores)
-    num_wanted = tl.minimum(end - start, K)
-    kth = _kth_key_radix4(key, in_window, num_wanted)
-    above = in_window & (key > kth)
-    tied = in_window & (key == kth)
-    budget = num_wanted - tl.sum(above.to(tl.int32), axis=0)
-    take = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= budget))
-    _emit(out_ptr + row * stride_out_row, take, cols - start, K)
+    clone.__kwdefaults__ = fn.__kwdefaults__
+    clone.__annotations__ = dict(fn.__annotations__)
+    clone.__qualname__ = fn.__qualname__
+    clone.__module__ = fn.__module__
+    clone.__doc__ = fn.__doc__
+    return triton.jit(clone, **jit_kwargs)
+
+
+def with_kth_key(kth_key: Any) -> Any:
+    """:func:`~batchinv.fast.kernels.topk.topk_kernel` with ``kth_key`` in place of its 32-step
+    search ``_kth_key`` (through ``_select``, rebuilt around it); every other operation, the
+    signature and the specialization (``do_not_specialize``) are the shipped kernel's."""
+    select = _rejit(topk_kernels._select, {"_kth_key": kth_key})
+    return _rejit(
+        topk_kernels.topk_kernel, {"_select": select}, do_not_specialize=topk_kernels._NOT_SPECIALIZED
+    )
+
+
+#: The radix-4 variant of the shipped kernel.
+topk_radix4_kernel = with_kth_key(_kth_key_radix4)
 
 
 def radix4_topk(scores, row_starts, row_ends, k, num_warps):

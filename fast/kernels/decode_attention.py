@@ -21,9 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from batchinv.fast.kernels.softmax import round_to
-
-NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
+from batchinv.fast.kernels.primitives import NEG_INF, round_to
 
 
 @triton.jit

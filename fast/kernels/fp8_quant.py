@@ -28,14 +28,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from batchinv.fast.kernels.matmul import exact_fp32
+from batchinv.fast.kernels.primitives import POS_INF, exact_fp32
 
 # Constants used inside kernels must be tl.constexpr globals to compile on a real GPU.
 #: The floor of amax (reference.fp8_quant.MIN_AMAX, 2^-64).
 MIN_AMAX: tl.constexpr = tl.constexpr(5.421010862427522e-20)
 #: The largest float8_e4m3fn value.
 E4M3_MAX: tl.constexpr = tl.constexpr(448.0)
-POS_INF: tl.constexpr = tl.constexpr(float("inf"))
 
 
 @triton.jit

@@ -109,7 +109,7 @@ def grouped_gemm_kernel(
         tl.store(c_ptrs, acc, mask=c_mask)
     elif INTERPRETED:
         # the interpreter's fp32 -> bf16 cast truncates: round to nearest-even with integer ops
-        # (fast.kernels.matmul.fp32_to_bf16_rne, inline); NaN becomes the canonical 0x7fff
+        # (fast.kernels.primitives.fp32_to_bf16_rne, inline); NaN becomes the canonical 0x7fff
         bits = acc.to(tl.uint32, bitcast=True)
         high = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
         high = tl.where(acc != acc, 0x7FFF, high)

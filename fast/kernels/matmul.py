@@ -25,52 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def fp32_to_bf16_rne(x):
-    """Round fp32 to bf16 to nearest-even with integer ops; NaN becomes the canonical 0x7fff.
-
-    Used only under the interpreter, whose fp32 -> bf16 cast truncates; on a GPU the cast
-    instruction rounds to nearest-even itself.
-    """
-    bits = x.to(tl.uint32, bitcast=True)
-    lsb = (bits >> 16) & 1
-    high = (bits + 0x7FFF + lsb) >> 16
-    high = tl.where(x != x, 0x7FFF, high)
-    return high.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def exact_fp32(x):
-    """``x`` converted exactly to fp32; bf16 by moving its bits into the high half of a word.
-
-    Used only under the interpreter, whose bf16 -> fp32 cast loops over mantissa bits in Python
-    for zeros and subnormals (slow); the shift is the same exact conversion.
-    """
-    if x.dtype == tl.bfloat16:
-        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    elif x.dtype == tl.float8e4nv:
-        return e4m3_to_fp32(x)
-    else:
-        return x.to(tl.float32)
-
-
-@triton.jit
-def e4m3_to_fp32(x):
-    """``float8_e4m3fn`` to fp32 exactly, with integer ops: the interpreter's own conversion
-    reads the NaN code (S.1111.111) as 480 and is a Python loop for subnormals.
-
-    e4m3fn: exponent bias 7, no infinity; exponent 0 is ``m * 2**-9`` (subnormal), S.1111.111 NaN.
-    """
-    bits = x.to(tl.uint8, bitcast=True).to(tl.uint32)
-    exponent = (bits >> 3) & 0xF
-    mantissa = bits & 0x7
-    negative = bits >= 128
-    normal = (((bits >> 7) << 31) | ((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
-    subnormal = mantissa.to(tl.float32) * 0.001953125  # 2**-9, exact
-    subnormal = tl.where(negative, -subnormal, subnormal)
-    value = tl.where(exponent == 0, subnormal, normal)
-    return tl.where((exponent == 15) & (mantissa == 7), float("nan"), value)
+from batchinv.fast.kernels.primitives import exact_fp32, fp32_to_bf16_rne
 
 
 @triton.jit

@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from batchinv.fast.kernels.matmul import exact_fp32
+from batchinv.fast.kernels.primitives import exact_fp32
 
 
 @triton.jit

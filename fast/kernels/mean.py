@@ -3,8 +3,8 @@
 A program owns a tile of ``BLOCK_M`` rows and walks them in fixed chunks of ``BLOCK_N``
 columns; each lane (row, column slot) keeps an fp64 running sum of the row's elements (each
 first rounded to the output dtype, then widened exactly), and a row's ``BLOCK_N`` lanes are
-combined by :func:`fixed_point_lane_sum_f64` (integer adds on a fixed-point grid: the same bits
-in any order, so Triton's register layout does not enter).  The sum is divided by the row
+combined by :func:`~batchinv.fast.kernels.primitives.fixed_point_lane_sum_f64` (integer adds
+on a fixed-point grid: the same bits in any order, so Triton's register layout does not enter).  The sum is divided by the row
 length in fp64 (correctly rounded on GPUs and in the interpreter alike, unlike fp32 ``/``,
 which a GPU computes with the approximate ``div.full.f32``) and rounded once to the output
 dtype.  The order of a row's additions depends on ``BLOCK_N`` and the row length alone; rows
@@ -18,45 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from batchinv.fast.kernels.softmax import fixed_point_lane_sum_f64, round_to
-
-
-@triton.jit
-def widen_f32(x):
-    """``x`` (fp32, bf16 or fp16) converted exactly to fp32; bf16 by moving its 16 bits into the
-    high half of a word, which is the conversion a GPU performs.  Triton 3.6's interpreter
-    converts bf16 subnormals wrongly (2**-133 becomes 0, 3 * 2**-133 becomes 2**-127), so the
-    cast is written out on every lane."""
-    if x.dtype == tl.bfloat16:
-        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    else:
-        return x.to(tl.float32)
-
-
-@triton.jit
-def round_from_f64(x, dtype: tl.constexpr):
-    """``x`` (fp64) rounded once to ``dtype`` (fp32, bf16 or fp16), to nearest, ties to even.
-
-    fp32: the direct conversion.  bf16 and fp16: ``x`` is first rounded to fp32 *to odd*
-    (truncate, then set the last bit when inexact) and then to ``dtype`` to nearest; fp32 has at
-    least two more bits than either at every magnitude (subnormals included), so this equals a
-    direct rounding of ``x`` (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums:
-    proved algorithms using rounding to odd", IEEE TC 2008).  Rounding fp64 -> fp32 -> 16 bit
-    to nearest twice would not: a value just above a 16-bit tie becomes the tie, then goes to
-    even.  Beyond fp32's range, rounding to odd gives +-max_normal, which rounds to +-inf.
-    A NaN stays a NaN.
-    """
-    if dtype == tl.float32:
-        return x.to(tl.float32)
-    else:
-        near = x.to(tl.float32)  # to nearest: one of the two fp32 neighbours of x
-        bits = near.to(tl.int32, bitcast=True)
-        back = near.to(tl.float64)
-        # inexact and even: the odd neighbour is one step (in magnitude) towards x
-        step = tl.where(tl.abs(back) > tl.abs(x), -1, 1)
-        fix = (back != x) & (x == x) & ((bits & 1) == 0)
-        odd = tl.where(fix, bits + step, bits).to(tl.float32, bitcast=True)
-        return round_to(odd, dtype)
+from batchinv.fast.kernels.primitives import fixed_point_lane_sum_f64, round_from_f64, round_to, widen_f32
 
 
 # num_rows is never specialized: Triton would otherwise compile a variant for num_rows == 1 and
@@ -78,7 +40,7 @@ def mean_kernel(
     Each element is first rounded to the output dtype (``torch.mean(..., dtype=)`` casts its
     input before reducing), then accumulated in fp64 from +0 (exact widening; a lane of fp32
     values cannot overflow fp64), the lanes combined order-free, divided in fp64 and rounded
-    once by :func:`round_from_f64`.
+    once by :func:`~batchinv.fast.kernels.primitives.round_from_f64`.
 
     ``FIXED_POINT=False`` is the unpinned production-style path, for the baseline only: fp32
     lanes (as ``torch.mean`` accumulates), a float ``tl.sum`` over them whose order follows the

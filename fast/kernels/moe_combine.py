@@ -3,10 +3,11 @@
 :func:`moe_combine_kernel`: one program per (token, column tile).  Each slot's value is widened
 exactly to fp64, multiplied by its fp32 weight widened to fp64, and added to an fp64
 accumulator in slot order j = 0..k-1, starting from the first product; the sum is rounded once
-to the output dtype (:func:`round_from_f64`, through fp32 rounded to odd) and a NaN becomes the
-canonical quiet NaN.  The launcher passes ``enable_fp_fusion=False``: otherwise the backend may
-contract ``acc + w * y`` into one fused multiply-add (one rounding instead of two), which the
-fp64 reference, doing the product and the sum as separate IEEE operations, does not.
+to the output dtype (``round_from_f64``, through fp32 rounded to odd) and a NaN becomes the
+canonical quiet NaN (``canonical_nan_block``; both in :mod:`batchinv.fast.kernels.primitives`).
+The launcher passes ``enable_fp_fusion=False``: otherwise the backend may contract
+``acc + w * y`` into one fused multiply-add (one rounding instead of two), which the fp64
+reference, doing the product and the sum as separate IEEE operations, does not.
 
 :func:`moe_combine_atomic_kernel`: the negative control's kernel, one program per (token, slot,
 column tile) adding its fp32 product into an fp32 output with ``tl.atomic_add`` (the order of a
@@ -18,17 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from batchinv.fast.kernels.mean import round_from_f64, widen_f32
-
-
-@triton.jit
-def canonical_nan(dtype: tl.constexpr, BLOCK: tl.constexpr):
-    if dtype == tl.bfloat16:
-        return tl.full([BLOCK], 0x7FC0, tl.int16).to(tl.bfloat16, bitcast=True)
-    elif dtype == tl.float16:
-        return tl.full([BLOCK], 0x7E00, tl.int16).to(tl.float16, bitcast=True)
-    else:
-        return tl.full([BLOCK], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)
+from batchinv.fast.kernels.primitives import canonical_nan_block, round_from_f64, widen_f32
 
 
 @triton.jit
@@ -69,7 +60,7 @@ def moe_combine_kernel(
             acc = acc + y
     dtype: tl.constexpr = out_ptr.dtype.element_ty
     out = round_from_f64(acc, dtype)
-    out = tl.where(acc != acc, canonical_nan(dtype, BLOCK_H), out)
+    out = tl.where(acc != acc, canonical_nan_block(dtype, BLOCK_H), out)
     tl.store(out_ptr + t * stride_ot + h, out, mask=mask)
 
 

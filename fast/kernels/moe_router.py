@@ -2,10 +2,11 @@
 
 One program per token; the token's E logits are register-resident as a ``[BLOCK_G, BLOCK_S]``
 tile (group g, expert s of the group: expert id ``g * S + s``).  The selection is integer work on
-the monotone int32 keys of :mod:`batchinv.fast.kernels.topk` (``_monotone_key``, imported, never
-copied): the ``topk_group`` groups are kept one at a time, then the k experts are taken one slot
-at a time, best key first, the lowest group / expert id among equal keys (a few argmax steps:
-cheaper than that module's 32-step threshold search for k <= 8, and ordered best first).  The weights are computed in
+the monotone int32 keys the topk kernels rank by (``monotone_key`` of
+:mod:`batchinv.fast.kernels.primitives`, imported, never copied): the ``topk_group`` groups are
+kept one at a time, then the k experts are taken one slot at a time, best key first, the lowest
+group / expert id among equal keys (a few argmax steps: cheaper than the topk kernels' 32-step
+threshold search for k <= 8, and ordered best first).  The weights are computed in
 fp64 with the reference's operations in the reference's order, except the softmax denominator's
 sum over E (a tree here, torch's order there), and rounded once to fp32.
 """
@@ -13,10 +14,8 @@ sum over E (a tree here, torch's order there), and rounded once to fp32.
 import triton
 import triton.language as tl
 
-from batchinv.fast.kernels.topk import MAGNITUDE_MASK, _monotone_key
+from batchinv.fast.kernels.primitives import MAGNITUDE_MASK, NEG_INF, monotone_key, quiet_nan
 
-QUIET_NAN_BITS = tl.constexpr(0x7FC00000)
-NEG_INF = tl.constexpr(float("-inf"))
 #: Below every int32 key: masked lanes of the int64 key tile.
 KEY_SENTINEL = tl.constexpr(-(2**40))
 ID_SENTINEL = tl.constexpr(2**30)
@@ -25,7 +24,7 @@ ID_SENTINEL = tl.constexpr(2**30)
 @triton.jit
 def _canonical_nan(v):
     """``v`` (fp32) with every NaN replaced by the quiet NaN 0x7fc00000."""
-    nan = tl.full((), QUIET_NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
+    nan = quiet_nan()
     return tl.where(v != v, nan, v)
 
 
@@ -53,7 +52,7 @@ def _group_keys(key64, valid, IS_PAIR: tl.constexpr):
         below = tl.max(tl.where(masked < best[:, None], masked, KEY_SENTINEL), axis=1)
         second = tl.where(num_best >= 2, best, below)
         total = _value_of_key(best.to(tl.int32)) + _value_of_key(second.to(tl.int32))  # fp32 add
-        return _monotone_key(_canonical_nan(total))
+        return monotone_key(_canonical_nan(total))
     else:
         return best.to(tl.int32)
 
@@ -117,7 +116,7 @@ def moe_router_kernel(
         v = _canonical_nan(v)
     else:
         v = x
-    key64 = _monotone_key(v).to(tl.int64)
+    key64 = monotone_key(v).to(tl.int64)
 
     candidate = valid
     if GROUPED:  # keep topk_group groups, one at a time: best key first, the lower group on ties

@@ -19,11 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from batchinv.fast.kernels.matmul import exact_fp32, fp32_to_bf16_rne
-
-# Constants used inside kernels must be tl.constexpr globals to compile on a real GPU.
-NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
-POS_INF: tl.constexpr = tl.constexpr(float("inf"))
+from batchinv.fast.kernels.primitives import NEG_INF, POS_INF, exact_fp32, fp32_to_bf16_rne
 
 
 @triton.jit(do_not_specialize=["M"])

@@ -18,19 +18,12 @@ proven so by the registry check ``config_equivalence``:
 import triton
 import triton.language as tl
 
-# Bit patterns of the key map, as constexpr globals (plain globals do not compile in a kernel).
-NEG_ZERO_BITS = tl.constexpr(-2147483648)  # 0x80000000
-MAGNITUDE_MASK = tl.constexpr(0x7FFFFFFF)
+from batchinv.fast.kernels.primitives import monotone_key
+
+# Bit patterns of the key map, as constexpr globals (plain globals do not compile in a kernel);
+# the map itself and its masks are :func:`~batchinv.fast.kernels.primitives.monotone_key`'s.
 KEY_MIN = tl.constexpr(-2147483648)  # the smallest int32 key (0xffffffff's key)
 NEG_INF_KEY = tl.constexpr(-2139095041)  # key of -inf: 0xff800000 ^ 0x7fffffff
-
-
-@triton.jit
-def _monotone_key(scores):
-    """int32 keys whose signed order is the fp32 value order (-0.0 canonicalized to +0.0)."""
-    bits = scores.to(tl.int32, bitcast=True)
-    bits = tl.where(bits == NEG_ZERO_BITS, 0, bits)
-    return tl.where(bits < 0, bits ^ MAGNITUDE_MASK, bits)
 
 
 @triton.jit
@@ -107,7 +100,7 @@ def topk_kernel(
     in_window = (cols >= start) & (cols < end)
     offsets = row * stride_scores_row + cols.to(tl.int64) * stride_scores_col
     scores = tl.load(scores_ptr + offsets, mask=in_window, other=0.0)
-    key = _monotone_key(scores)
+    key = monotone_key(scores)
     num_wanted = tl.minimum(end - start, K)
     take = _select(key, in_window, num_wanted)
     _emit(out_ptr + row * stride_out_row, take, cols - start, K)
@@ -139,7 +132,7 @@ def topk_masked_lanes_compete_kernel(
     in_window = (cols >= start) & (cols < end)
     offsets = row * stride_scores_row + cols.to(tl.int64) * stride_scores_col
     scores = tl.load(scores_ptr + offsets, mask=in_window, other=0.0)
-    key = tl.where(in_window, _monotone_key(scores), NEG_INF_KEY)
+    key = tl.where(in_window, monotone_key(scores), NEG_INF_KEY)
     take = _select(key, in_row, tl.minimum(num_cols, K))
     _emit(out_ptr + row * stride_out_row, take & in_window, cols - start, K)
 
@@ -223,7 +216,7 @@ def topk_sign_count_kernel(
     in_window = (cols >= start) & (cols < end)
     offsets = row * stride_scores_row + cols.to(tl.int64) * stride_scores_col
     scores = tl.load(scores_ptr + offsets, mask=in_window, other=0.0)
-    key = tl.where(in_window, _monotone_key(scores), KEY_MIN)
+    key = tl.where(in_window, monotone_key(scores), KEY_MIN)
     num_wanted = tl.minimum(end - start, k)
     kth = _kth_key_by_sign(key, num_wanted, half_shift, BLOCK_N)
     above = key > kth  # never an out-of-window lane: kth >= KEY_MIN

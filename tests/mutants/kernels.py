@@ -23,6 +23,7 @@ import batchinv.fast.kernels.matmul as matmul_kernels
 import batchinv.fast.kernels.mean as mean_kernels
 import batchinv.fast.kernels.moe_align as moe_align_kernels
 import batchinv.fast.kernels.moe_router as moe_router_kernels
+import batchinv.fast.kernels.primitives as primitives
 import batchinv.fast.kernels.softmax as softmax_kernels
 import batchinv.fast.kernels.swiglu as swiglu_kernels
 import batchinv.fast.kernels.topk as topk_kernels
@@ -82,11 +83,12 @@ def topk_ties_by_last_column() -> Callable[..., Any]:
 
 def topk_negative_zero_below_positive_zero() -> Callable[..., Any]:
     kernel = mutate(
-        topk_kernels,
-        "_monotone_key",
+        primitives,
+        "monotone_key",
         "bits = tl.where(bits == NEG_ZERO_BITS, 0, bits)",
         "bits = bits",
         entry="topk_kernel",
+        entry_module=topk_kernels,
     )
     return _topk_subject(kernel)
 

@@ -9,7 +9,10 @@ The patched source is compiled in a copy of the shipped module's globals (helper
 and imports resolve as in the original) and registered with :mod:`linecache`, so Triton's
 ``@triton.jit`` -- compiled or interpreted -- can read it back like a file.  When the patched
 function is a helper, ``entry`` names the function that calls it: the entry is re-created,
-unchanged, in the same namespace, so it calls the mutated helper.
+unchanged, in the same namespace, so it calls the mutated helper.  A helper shared from
+``fast/kernels/primitives.py`` lives in another module than the kernel that calls it:
+``entry_module`` names the kernel's module, whose globals then see the mutated helper in place
+of the shipped one.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def mutate(
     new: str,
     *,
     entry: str | None = None,
+    entry_module: ModuleType | None = None,
     extra_globals: Mapping[str, Any] | None = None,
 ) -> Any:
     """``module.<entry>`` rebuilt with one line of ``module.<target>`` replaced.
@@ -57,13 +61,18 @@ def mutate(
         new: its replacement (indented like ``old``).
         entry: the function to return (default ``target``); rebuilt unchanged so that it calls
             the patched ``target``.
+        entry_module: the module holding ``entry`` when it is not ``module`` (a kernel calling a
+            helper of ``batchinv.fast.kernels.primitives``): ``entry`` is rebuilt in a copy of
+            its globals in which every name bound to the shipped ``target`` is bound to the
+            patched one.
         extra_globals: names the new line uses that the module does not define.
 
     Returns:
         The rebuilt ``entry`` (a ``@triton.jit`` kernel stays one).
 
     Raises:
-        LookupError: ``old`` is not exactly one line of ``target``'s source (the mutant is stale).
+        LookupError: ``old`` is not exactly one line of ``target``'s source, or ``entry_module``
+            does not import ``target`` (the mutant is stale).
     """
     source = _source(getattr(module, target))
     lines = source.splitlines(keepends=True)
@@ -79,6 +88,19 @@ def mutate(
     namespace = dict(vars(module))
     namespace.update(extra_globals or {})
     _exec("".join(lines), namespace, f"{module.__name__}.{target}")
+    if entry_module is not None and entry_module is not module:
+        shipped = getattr(module, target)
+        patched = namespace[target]
+        namespace = dict(vars(entry_module))
+        aliases = [name for name, value in namespace.items() if value is shipped]
+        if not aliases:
+            raise LookupError(
+                f"mutant of {module.__name__}.{target}: {entry_module.__name__} does not import it; "
+                "the shipped code changed, update the mutant"
+            )
+        namespace.update(dict.fromkeys(aliases, patched))
+        namespace.update(extra_globals or {})
+        module = entry_module
     if entry is not None and entry != target:
         _exec(_source(getattr(module, entry)), namespace, f"{module.__name__}.{entry}")
     return namespace[entry or target]
