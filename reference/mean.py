@@ -23,7 +23,8 @@ import torch
 
 from batchinv.reference.errors import ArgumentError, DTypeError, check_last_dim, check_tensor
 from batchinv.reference.exact import FP32_QUANTUM_EXPONENT, exact_row_sums
-from batchinv.reference.softmax import FTZ_FLOOR, half_min_subnormal, unit_roundoff
+from batchinv.reference.matmul import unit_roundoff
+from batchinv.reference.softmax import FTZ_FLOOR, half_min_subnormal
 
 #: Input dtypes, and the ``dtype=`` values, the component accepts (fast and reference alike).
 MEAN_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)

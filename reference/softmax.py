@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from batchinv.reference.errors import ArgumentError, check_last_dim, check_tensor
+from batchinv.reference.matmul import unit_roundoff
 
 #: Input dtypes the component accepts (fast and reference alike).
 SOFTMAX_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
@@ -127,7 +128,8 @@ def log_softmax(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> 
 
 # --- tolerance ---------------------------------------------------------------------------------
 # The error model of a fp32 kernel (``batchinv.fast.kernels.softmax``) against this fp64
-# reference, in units of fp32's unit roundoff u = 2**-24.
+# reference, in units of fp32's unit roundoff u = 2**-24.  The output rounding (fp32 to a
+# bf16/fp16 output, round to nearest on every lane) costs ``unit_roundoff(out_dtype)``.
 
 #: fp32's unit roundoff.
 U32 = 2.0**-24
@@ -146,13 +148,6 @@ def half_min_subnormal(dtype: torch.dtype) -> float:
     for bfloat16, 2**-25 for float16): the absolute error of one rounding below the normal range."""
     fin = torch.finfo(dtype)
     return 0.5 * (fin.smallest_normal * fin.eps)
-
-
-def unit_roundoff(dtype: torch.dtype) -> float:
-    """Half an ulp of 1.0 in floating ``dtype`` (2**-24 float32, 2**-8 bfloat16, 2**-11 float16):
-    the relative error of rounding a normal value to it (round to nearest, what the kernels do
-    on every lane when they write a bf16/fp16 output)."""
-    return torch.finfo(dtype).eps / 2
 
 
 def _row_terms(
