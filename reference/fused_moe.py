@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from batchinv.reference import matmul as ref_matmul
 from batchinv.reference.errors import ArgumentError, DTypeError, check_same_device, check_tensor
 from batchinv.reference.moe_router import Routing, route
 from batchinv.reference.swiglu import silu64
@@ -187,3 +188,164 @@ def fused_moe(
         hidden, router_weight, w13, w2, top_k, scoring, renormalize, correction_bias, n_group, topk_group,
         apply_router_weight_on_input,
     ).out  # fmt: skip
+
+
+# --- tolerance ---------------------------------------------------------------------------------
+
+#: bf16's unit roundoff: the relative error of each bf16 rounding of the fast path.
+U_BF16 = 2.0**-8
+#: fp32's unit roundoff.
+U_FP32 = 2.0**-24
+#: The absolute error per rounding for underflow (fp32's smallest normal; bf16 shares it).
+TINY = 2.0**-126
+
+
+def logit_movement(
+    hidden: torch.Tensor,
+    router_weight: torch.Tensor,
+    l64: torch.Tensor | None = None,
+    *,
+    group: int,
+    chunk: int | None,
+) -> torch.Tensor:
+    """``[T]`` fp64: how far a fast fp32 logit may be from the reference's (fp64 rounded once),
+    the largest over the token's E logits.
+
+    The fast logits are a pinned matmul's fp32 accumulator: its a-posteriori bound for that
+    reduction tree (``group`` products per step in increasing k, chunks of ``chunk`` products
+    summed in order: :func:`batchinv.reference.matmul.tight_bound`, rigorous for that order, the
+    fp32 output rounding included), plus the reference's own rounding of the fp64 logit to fp32
+    (``2^-24 |l|``) and :data:`TINY` for underflow.
+
+    Parameters
+    ----------
+    hidden : Tensor [T, H], bf16
+    router_weight : Tensor [E, H], bf16
+    l64 : Tensor [T, E], float64, optional
+        The exact logits ``hidden @ router_weight.T`` in fp64, when the caller has them.
+    group, chunk : int, int or None
+        The fast matmul's products per accumulation step and per chunk on the lane
+        (``batchinv.fast.matmul.accumulation``).
+
+    Returns
+    -------
+    Tensor [T], float64.
+
+    Source: :func:`batchinv.reference.matmul.tight_bound`.
+    """
+    if l64 is None:
+        l64 = hidden.double() @ router_weight.double().T
+    moved = ref_matmul.tight_bound(
+        hidden,
+        router_weight,
+        None,
+        out_dtype=torch.float32,
+        reference=l64,
+        group=group,
+        chunk=chunk,
+    )
+    return (moved.double() + U_FP32 * l64.abs() + TINY).amax(dim=1)
+
+
+def _gamma(n: int) -> float:
+    return n * U_FP32 / (1 - n * U_FP32)
+
+
+def _rounded(value_bound: torch.Tensor) -> torch.Tensor:
+    """The error one bf16 rounding adds to a value of magnitude at most ``value_bound``."""
+    return U_BF16 * value_bound + TINY
+
+
+def tolerance_bound(
+    hidden: torch.Tensor,
+    router_weight: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    top_k: int,
+    scoring: str = "softmax",
+    renormalize: bool = False,
+    correction_bias: torch.Tensor | None = None,
+    n_group: int = 1,
+    topk_group: int = 1,
+    apply_router_weight_on_input: bool = False,
+    *,
+    reference: torch.Tensor,
+    movement: torch.Tensor,
+) -> torch.Tensor:
+    """Per element of ``[T, H]``: a bound on |fast - reference| for a bf16 layer routed to the
+    same experts as the reference, propagated stage by stage (fp64).
+
+    The fast path's roundings are each a relative ``u = 2^-8`` of their value (:data:`U_BF16`),
+    plus :data:`TINY` absolute for underflow:
+
+    * the routing weights: with the same experts they differ by the router's bound plus the
+      logits' movement ``dl`` (``movement``): relative ``4.1 dl + 2^-22`` (softmax and
+      renormalization each at most double a logit's relative effect);
+    * ``gate_up``: an fp32 dot over H, ``gamma_H |w13| |x|``, then a bf16 rounding;
+    * swiglu: silu is Lipschitz 1.1 on the gate error and ``|silu g|`` on the up error (times
+      the weight and its error when it is applied on the input), its own fp32 sequence 16 fp32
+      ulps, then a bf16 rounding;
+    * the down projection: ``|w2| dh`` propagated plus ``gamma_I |w2| |h|``, then bf16;
+    * the combine: the weights' error times ``|y|``, ``c |dy|``, an fp64 sum over the k slots
+      (``4 k 2^-53`` relative), and one final bf16 rounding.
+
+    Parameters
+    ----------
+    hidden, router_weight, w13, w2, top_k, scoring, renormalize, correction_bias, n_group,
+    topk_group, apply_router_weight_on_input :
+        The arguments of :func:`fused_moe`.
+    reference : Tensor [T, H], float64
+        :func:`fused_moe` of these arguments.
+    movement : Tensor [T], float64
+        The logits' possible movement per token (:func:`logit_movement` for the fast matmul's
+        accumulation).
+
+    Returns
+    -------
+    Tensor [T, H], float64.  Valid only where both layers route to the same experts (the
+    registry's cases keep a gap above the keys' movement, or exact ties).
+
+    Source: the propagation above; ``gamma_n = n u / (1 - n u)`` (Higham, *Accuracy and
+    Stability of Numerical Algorithms*, 2nd ed., section 3.1).
+    """
+    terms = expert_terms(
+        hidden, router_weight, w13, w2, top_k, scoring, renormalize, correction_bias, n_group, topk_group,
+        apply_router_weight_on_input,
+    )  # fmt: skip
+    x = hidden.double()
+    on_input = apply_router_weight_on_input
+    _, k, two_i = terms.gate_up.shape
+    i, h = two_i // 2, x.shape[1]
+    p = terms.weights.abs()  # [T, k]
+    rel_w = 4.1 * movement[:, None] + 2.0**-22
+    dp = p * rel_w  # [T, k]
+    a1 = torch.zeros_like(terms.gate_up)  # |w13| |x|
+    ids = terms.ids.to(torch.int64)
+    for e in ids.unique().tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        a1[tok, slot] = x[tok].abs() @ w13[e].double().abs().T
+    acc = _gamma(h) * a1
+    dgu = acc + _rounded(terms.gate_up.abs() + acc)  # [T, k, 2I]
+    g, u = terms.gate_up[..., :i], terms.gate_up[..., i:]
+    dg, du = dgu[..., :i], dgu[..., i:]
+    s, ds = (p, dp) if on_input else (torch.ones_like(p), torch.zeros_like(p))
+    s, ds = s[..., None], ds[..., None]
+    silu = silu64(g).abs()
+    um = u.abs() + du
+    prop = (1.1 * dg * um + silu * du) * (s + ds) + silu * um * ds
+    hm = terms.act.abs() + prop
+    dh = prop + 16 * U_FP32 * hm + _rounded(hm * (1 + 16 * U_FP32))  # [T, k, I]
+    dy = torch.zeros_like(terms.down)
+    ym = torch.zeros_like(terms.down)
+    for e in ids.unique().tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        aw2 = w2[e].double().abs()
+        dy[tok, slot] = dh[tok, slot] @ aw2.T + _gamma(i) * (
+            (terms.act[tok, slot].abs() + dh[tok, slot]) @ aw2.T
+        )
+    dy = dy + _rounded(terms.down.abs() + dy)
+    ym = terms.down.abs() + dy
+    c, dc = (torch.ones_like(p), torch.zeros_like(p)) if on_input else (p, dp)
+    err = (c[..., None] * dy + ym * dc[..., None]).sum(dim=1)  # [T, H]
+    err = err + 4 * k * 2.0**-53 * ((c + dc)[..., None] * ym).sum(dim=1)
+    return err + _rounded(reference.abs() + err)

@@ -23,6 +23,8 @@ import torch
 
 from batchinv.reference.errors import ArgumentError, DTypeError, check_last_dim, check_tensor
 from batchinv.reference.exact import FP32_QUANTUM_EXPONENT, exact_row_sums
+from batchinv.reference.matmul import unit_roundoff
+from batchinv.reference.softmax import FTZ_FLOOR, half_min_subnormal
 
 #: Input dtypes, and the ``dtype=`` values, the component accepts (fast and reference alike).
 MEAN_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
@@ -100,3 +102,82 @@ def mean(
     y = torch.where(is_nan | (pos_inf & neg_inf), math.nan, y)
     y = y.reshape(*x.shape[:-1], 1)  # (..., 1)
     return y if keepdim else y.squeeze(-1)
+
+
+#: fp64's unit roundoff.
+U64 = 2.0**-53
+
+
+def gamma(k: int) -> float:
+    """Higham's gamma_k = k u / (1 - k u) for fp64: the relative bound of k roundings in sequence."""
+    return k * U64 / (1.0 - k * U64)
+
+
+def mean_bound(
+    x: torch.Tensor,
+    reference: torch.Tensor,
+    *,
+    keepdim: bool,
+    dtype: torch.dtype | None,
+    chunks: int,
+    combine_loss: float,
+) -> torch.Tensor:
+    """Per-row bound on |fast - fp64 reference| of a mean summed in fp64 lanes, combined on a
+    fixed-point grid and divided in fp64, then rounded once to the output dtype.
+
+    With e_n the elements rounded to the output dtype (exact in fp64; :func:`mean` casts the
+    same way, bit for bit), A = mean|e|, y = mean(e) exact and c = ``chunks`` (the pinned
+    order's additions in sequence per lane: ``ceil(N / block_n)``):
+
+    * lanes: each adds its <= c elements in sequence in fp64 from +0: in all, at most gamma_c * N A;
+    * combine: truncation under ``combine_loss`` (2**-29) of the largest lane <= (1 + gamma_c) N A;
+    * the int64 -> fp64 total and the fp64 division: two roundings, under 3u64 (|y| + err);
+    * so the fp64 quotient q has |q - y| <= d := (gamma_c + 2**-29 (1 + gamma_c)) A (1 + 3u64)
+      + 3u64 |y|;
+    * one rounding of q to the output dtype (bf16/fp16 via fp32 rounded to odd: a single
+      rounding): u_out |q| <= u_out (|y| + d), or half the smallest subnormal below the normal
+      range;
+    * the reference is the exact mean rounded once to fp64: u64 |y|;
+    * a GPU may flush subnormal elements (the mean moves under 2**-126) and a subnormal fp32
+      result (under 2**-126): 2 * FTZ_FLOOR.
+
+    Like every summation bound it scales with mean|e|, not |y|: on a row that cancels the
+    relative error may be large while the absolute error stays inside.
+
+    Parameters
+    ----------
+    x : Tensor, (R, N) or (B, S, N), float32, bfloat16 or float16
+        The input of :func:`mean`.
+    reference : Tensor, float64
+        :func:`mean` of ``x`` with these ``keepdim`` and ``dtype``: (R,) / (B, S), or with a
+        trailing 1 when ``keepdim``.
+    keepdim : bool
+        As given to :func:`mean`.
+    dtype : torch.dtype or None
+        As given to :func:`mean` (None: ``x``'s dtype); the output dtype.
+    chunks : int
+        c above, from the kernel's config (``batchinv.fast.mean.reduction_depth``).
+    combine_loss : float
+        The combine's truncation relative to the largest lane (``batchinv.fast.mean.COMBINE_LOSS``).
+
+    Returns
+    -------
+    Tensor, the shape of ``reference``, float64, on its device (finite on non-finite rows:
+    their class is compared, not a distance).
+
+    Source: the derivation above (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd
+    ed., section 4.2, recursive summation).
+    """
+    out_dtype = x.dtype if dtype is None else dtype
+    elements = x.to(out_dtype).to(reference.device, torch.float64)  # the values the reference sums
+    mean_abs = elements.abs().mean(dim=-1, keepdim=True)
+    if not keepdim:
+        mean_abs = mean_abs.squeeze(-1)
+    mean_abs = torch.where(torch.isfinite(mean_abs), mean_abs, torch.zeros_like(mean_abs))
+    y = torch.where(torch.isfinite(reference), reference.abs(), torch.zeros_like(reference))
+    g = gamma(chunks)
+    fast_q = (g + combine_loss * (1.0 + g)) * mean_abs * (1.0 + 3 * U64) + 3 * U64 * y
+    u_out = unit_roundoff(out_dtype)
+    fast_err = fast_q * (1.0 + u_out) + u_out * y + half_min_subnormal(out_dtype)
+    ref_err = U64 * y
+    return fast_err + ref_err + 2 * FTZ_FLOOR

@@ -33,6 +33,7 @@ weights (the ids are still defined by the keys).
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 
 from batchinv.reference.errors import ArgumentError, DTypeError, check_same_device, check_tensor
+from batchinv.reference.exact import round_once
 from batchinv.reference.topk import monotone_key
 
 __all__ = [
@@ -272,3 +274,109 @@ def route(logits: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.T
             denom = denom + p[:, j]
         p = p / denom[:, None]
     return p, ids.to(torch.int32)
+
+
+# --- tolerance ---------------------------------------------------------------------------------
+
+#: fp64's unit roundoff.
+U64 = 2.0**-53
+#: A score below fp64's normal range (``2^-1022``) may be off by its whole value: exp's subnormal
+#: results carry absolute, not relative, errors and sigmoid's ``exp(-x)`` may overflow to inf on
+#: one side only at its edge.  Absolute slack per score (both sides): far below fp32's 2^-150.
+SCORE_ABS = 2.0**-1021
+
+
+def weights_envelope(
+    logits: torch.Tensor,
+    top_k: int,
+    scoring: str = "softmax",
+    renormalize: bool = False,
+    correction_bias: torch.Tensor | None = None,
+    n_group: int = 1,
+    topk_group: int = 1,
+    *,
+    weights: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lo, hi)`` float64 ``[T, k]``: the fp32 values a fast weight may take (both ends in),
+    for a kernel that computes :func:`moe_router`'s fp64 weights and rounds them once to fp32.
+
+    Both sides compute the same fp64 operations in the same order except two: ``exp`` (libm,
+    NumPy or libdevice, each within 1 fp64 ULP of the true value, so two of them within
+    ``2^-51`` relative) and the softmax denominator's summation order over E positive terms
+    (each order within ``(E - 1) u64`` of the exact sum).  A chosen score then differs by at most
+    ``d = (2 E + 8) u64`` relative, a renormalized weight by ``2 d`` plus its slot sum's
+    ``k u64``: ``delta = (4 E + 2 k + 16) u64``, plus ``2 u64`` for forming ``v +- s`` below.
+    Absolute: :data:`SCORE_ABS` per score; renormalized, ``(k + 2) SCORE_ABS / S`` with ``S`` the
+    reference's sum of the chosen scores (infinite where ``S < 2^-1000``: no such row in the
+    cases).  So the kernel's fp64 weight lies in ``[v - s, v + s]``, ``s = delta |v| + abs``, and
+    it is rounded once (to nearest) to fp32: rounding is monotone, so the fast weight is one of
+    the fp32 values from ``lo = fp32(v - s)`` to ``hi = fp32(v + s)``.  For these ``s`` (~2^-44
+    relative) that is ``fp32(v)`` alone, or the two fp32 neighbours of ``v`` where a rounding
+    midpoint lies within ``s`` of ``v``: never a full ULP away from the correctly rounded value.
+
+    Parameters
+    ----------
+    logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group :
+        The arguments of :func:`moe_router` (logits float32 ``[T, E]``).
+    weights : Tensor [T, k], float64
+        The reference weights ``v``: :func:`moe_router`'s first output for these arguments.
+
+    Returns
+    -------
+    (lo, hi) : Tensors [T, k], float64 (values of fp32), on ``weights``' device; NaN where ``v``
+    is NaN.
+
+    Source: the derivation above (fp64 libm accuracy; Higham, *Accuracy and Stability of
+    Numerical Algorithms*, 2nd ed., section 4.2, for the summation orders).
+    """
+    num_experts = logits.shape[1]
+    top_k = int(top_k)
+    delta = (4 * num_experts + 2 * top_k + 18) * U64
+    absolute = torch.full_like(weights[:, :1], SCORE_ABS)
+    if bool(renormalize):
+        scores, _ = moe_router(logits, top_k, scoring, False, correction_bias, n_group, topk_group)
+        total = scores.sum(dim=1, keepdim=True)  # [T, 1]
+        big = total >= 2.0**-1000
+        absolute = torch.where(big, (top_k + 2) * SCORE_ABS / torch.where(big, total, 1.0), math.inf)
+    slack = delta * weights.abs() + absolute
+    return round_once(weights - slack, torch.float32).double(), round_once(
+        weights + slack, torch.float32
+    ).double()
+
+
+def weights_bound(
+    logits: torch.Tensor,
+    top_k: int,
+    scoring: str = "softmax",
+    renormalize: bool = False,
+    correction_bias: torch.Tensor | None = None,
+    n_group: int = 1,
+    topk_group: int = 1,
+    *,
+    weights: torch.Tensor,
+) -> torch.Tensor:
+    """Per-element bound of ``|fast - reference|`` for the weights (the ids are exact: bound 0).
+
+    The distance from the reference ``v`` to the farther end of :func:`weights_envelope`: it
+    admits the fp32 values of the envelope and no other (the next fp32 value beyond either end
+    is farther from ``v`` than the other end), so a weight off by one ULP from the correctly
+    rounded value fails wherever the fp64 slack cannot move the rounding, at the top of a binade
+    (where half an fp32 ULP of ``v`` is a full ULP below it) as anywhere else.
+
+    Parameters
+    ----------
+    logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group :
+        The arguments of :func:`moe_router`.
+    weights : Tensor [T, k], float64
+        :func:`moe_router`'s first output for these arguments.
+
+    Returns
+    -------
+    Tensor [T, k], float64: NaN where the reference is NaN (there only the class is compared).
+
+    Source: :func:`weights_envelope`.
+    """
+    lo, hi = weights_envelope(
+        logits, top_k, scoring, renormalize, correction_bias, n_group, topk_group, weights=weights
+    )
+    return torch.maximum(weights - lo, hi - weights)

@@ -19,7 +19,7 @@ fp32 row has mean(x^2) < 2^256), so x = [5e18] * 4 with eps = 3.3e38 gives
 Every input is exact in fp64 and so is every square (at most 48 significant bits, between
 2^-298 and 2^256): nothing here overflows or underflows for finite input.  The fp64 sum of
 N <= 2^20 squares has a relative error below N * 2^-53, so the outputs here stand for the exact
-values (the bound in ``harness/components/rms_norm.py`` still counts that error).  Argument
+values (the tolerance, :func:`out_bound`, still counts that error).  Argument
 validation is shared with the fast launchers (:func:`check_rms_norm_args`), so both raise the
 same typed errors.
 """
@@ -37,6 +37,20 @@ from batchinv.reference.errors import ArgumentError, DTypeError, check_same_devi
 
 #: Input dtypes of x, weight and residual (all three must match).
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+
+#: fp32 unit roundoff (rstd's rounding and the fp32 products).
+U32 = 2.0**-24
+#: fp64 unit roundoff (the sum of squares, mean, eps add, sqrt and reciprocal; the reference).
+U64 = 2.0**-53
+#: Half the smallest fp32 subnormal: the absolute error of one fp32 rounding that underflows.
+FP32_UNDERFLOW = 2.0**-150
+#: Per output dtype: (unit roundoff of the final rounding, half its smallest subnormal).  fp32
+#: outputs have no extra rounding (the last fp32 product is the final rounding, counted in U32).
+FINAL_ROUNDING: dict[torch.dtype, tuple[float, float]] = {
+    torch.bfloat16: (2.0**-8, 2.0**-134),
+    torch.float16: (2.0**-11, 2.0**-25),
+    torch.float32: (0.0, 0.0),
+}
 
 
 def check_rms_norm_args(
@@ -187,3 +201,66 @@ def fused_add_rms_norm(
     h = (x.to(torch.float64) + residual.to(torch.float64)).to(x.dtype)  # (M, N), x's dtype
     assert h.shape == x.shape
     return rms_norm(h, weight, eps, dim), h.to(torch.float64)
+
+
+def _gamma(k: int, u: float) -> float:
+    return k * u / (1.0 - k * u)
+
+
+def out_bound(n_cols: int, weight: torch.Tensor, ref_out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The largest allowed |fast - reference| per element of ``out``, for :func:`rms_norm` and the
+    ``out`` of :func:`fused_add_rms_norm` (whose ``residual_out`` is exact: bound 0).
+
+    Derived for the fast kernel's ``out = fl_out(fl32(fl32(fl32(h * s) * r) * w))`` with
+    ``s * r`` = rstd (s a power of two, r = fl32(rstd64 / s) a normal fp32) and
+    ``rstd64 = fl64(1 / fl64(sqrt(fl64(fl64(S / N) + eps32))))``, S the fp64 sum of the exact
+    squares; exact value ``o = h * w / sqrt(T)``, ``T = sum(h^2) / N + eps32`` (u = 2^-24,
+    v = 2^-53, gamma_k(v) = k v / (1 - k v)):
+
+    * T: N - 1 fp64 additions of nonnegative terms (any order), the division by N and the add
+      of eps32 >= 0: ``t = T (1 + theta)``, ``|theta| <= gamma_(N+1)(v)``; no fp64 underflow or
+      overflow (T in [2^-149, 2^256]).
+    * rstd64: sqrt and reciprocal in fp64, correctly rounded (Triton lowers fp64 ``/`` to
+      ``div.rn.f64`` and fp64 sqrt to ``sqrt.rn.f64``; numpy in the interpreter), counted as one
+      fp64 ULP (2v) each so that a merely faithful lowering would still be covered; then one
+      rounding to fp32 (r is normal): rstd = (1 + rho) / sqrt(T),
+      ``1 + rho <= (1 + 2v)(1 + u) / ((1 - 2v) sqrt(1 - gamma_(N+1)(v)))``.
+    * h * s: exact, or 2^-150 absolute when it underflows (only for s = 2^-64, where r <= 1).
+    * two fp32 products: (1 + u) each, plus 2^-150 absolute each when they underflow.
+    * the final rounding to bf16 / fp16: (1 + u_out) relative plus half a subnormal.
+
+    So ``|fast - o| <= |o| rel_f + 2^-150 ((2 + u)(1 + u) |w| + 1)(1 + u_out) + half_sub`` with
+    ``rel_f = (1 + rho)(1 + u)^2 (1 + u_out) - 1``: about 3u for fp32 outputs (1.5 to 3 ULP), and
+    u_out + 3u for bf16 / fp16.  No term grows with N beyond gamma_(N+1)(v) ~ N 2^-53.  The fp64
+    reference itself is within ``gamma_(N+5)(v) |o|`` of o (exact squares, N - 1 additions, a
+    division, an add, sqrt, reciprocal, two products), so
+    ``|fast - ref| <= |ref| (rel_f + g) / (1 - g) + floor`` with g = gamma_(N+5)(v).
+
+    Parameters
+    ----------
+    n_cols : int
+        N, the hidden size (the length of the sum).
+    weight : Tensor (N,), any float dtype
+        The weight.
+    ref_out : Tensor (M, N), float64
+        The reference output (:func:`rms_norm`, or ``out`` of :func:`fused_add_rms_norm`).
+    dtype : torch.dtype
+        The output dtype: bfloat16, float16 or float32 (a key of :data:`FINAL_ROUNDING`).
+
+    Returns
+    -------
+    Tensor (M, N), float64, on ``ref_out``'s device: NaN where the reference is NaN (the
+    comparator then requires a NaN), infinite where it is infinite.
+
+    Source: the derivation above, in the style of Higham, *Accuracy and Stability of Numerical
+    Algorithms*, 2nd ed., section 3.1 (gamma_k).
+    """
+    g_sum = _gamma(n_cols + 1, U64)
+    one_plus_rho = (1.0 + 2 * U64) * (1.0 + U32) / ((1.0 - 2 * U64) * math.sqrt(1.0 - g_sum))
+    u_out, half_sub = FINAL_ROUNDING[dtype]
+    rel_f = one_plus_rho * (1.0 + U32) ** 2 * (1.0 + u_out) - 1.0
+    g_ref = _gamma(n_cols + 5, U64)
+    rel = (rel_f + g_ref) / (1.0 - g_ref)
+    w = weight.to(device=ref_out.device, dtype=torch.float64).abs()  # (N,)
+    floor = FP32_UNDERFLOW * ((2.0 + U32) * (1.0 + U32) * w + 1.0) * (1.0 + u_out) + half_sub
+    return ref_out.abs() * rel + floor

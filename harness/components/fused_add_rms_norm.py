@@ -17,7 +17,6 @@ from batchinv.harness.components.rms_norm import (
     make_cases,
     make_error_cases,
     make_strategy,
-    out_bound,
 )
 from batchinv.harness.invariance import pack_at_offset
 from batchinv.harness.registry import ALL_LANES, Baseline, Batch, Component, Outputs, Toleranced
@@ -25,10 +24,11 @@ from batchinv.reference import rms_norm as reference
 
 
 def _bound(batch: Batch, ref: Outputs) -> Outputs:
-    """``out``: the rms_norm bound of the exact residual_out (``ref[1]``, fp64 holding values of
-    x's dtype); ``residual_out``: 0, since one rounding of x + residual is exact to compute."""
+    """``out``: the rms_norm bound (:func:`batchinv.reference.rms_norm.out_bound`) of the exact
+    residual_out (``ref[1]``, fp64 holding values of x's dtype); ``residual_out``: 0, since one
+    rounding of x + residual is exact to compute."""
     x = batch.rows["x"]
-    out = out_bound(x.shape[1], batch.shared["weight"], ref[0], x.dtype)
+    out = reference.out_bound(x.shape[1], batch.shared["weight"], ref[0], x.dtype)
     return out, torch.zeros((), dtype=torch.float64)
 
 

@@ -72,12 +72,10 @@ from batchinv.harness.registry import (
 from batchinv.harness.weights import seeded_normal
 from batchinv.reference import fused_moe as ref_moe
 from batchinv.reference.errors import ArgumentError, DTypeError
+from batchinv.reference.fused_moe import U_FP32
 
 NAME = "fused_moe"
 CANCEL = 2.0**18
-U_BF16 = 2.0**-8
-U_FP32 = 2.0**-24
-TINY = 2.0**-126
 #: The gap a selection cutoff must have, in units of the keys' possible movement.
 GAP_FACTOR = 2.0
 MAX_TRIES = 400
@@ -195,29 +193,16 @@ def logit_movement(
     hidden: torch.Tensor, router_weight: torch.Tensor, l64: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``[T]`` fp64: how far a fast fp32 logit may be from the reference's (fp64 rounded once):
-    the pinned matmul's a-posteriori bound for its reduction tree (chunks summed in increasing k
-    by groups of 16 on a GPU, of its BLOCK_K under the interpreter:
-    :func:`batchinv.reference.matmul.tight_bound`, rigorous for that order, fp32 output rounding
-    included) plus the reference's rounding (2^-24 |l|).
-    ``l64``: the exact logits ``hidden @ router_weight.T`` in fp64, when the caller has them."""
+    :func:`batchinv.reference.fused_moe.logit_movement` for the pinned matmul's reduction tree
+    on this lane (chunks summed in increasing k by groups of 16 on a GPU, of its BLOCK_K under
+    the interpreter).  ``l64``: the exact logits ``hidden @ router_weight.T`` in fp64, when the
+    caller has them."""
     from batchinv.fast import matmul as fast_matmul
-    from batchinv.reference import matmul as ref_matmul
 
-    h = hidden.shape[1]
-    e = router_weight.shape[0]
-    group, chunk = fast_matmul.accumulation(e, h, hidden.dtype, hidden.device)
-    if l64 is None:
-        l64 = hidden.double() @ router_weight.double().T
-    moved = ref_matmul.tight_bound(
-        hidden,
-        router_weight,
-        None,
-        out_dtype=torch.float32,
-        reference=l64,
-        group=group,
-        chunk=chunk,
+    group, chunk = fast_matmul.accumulation(
+        router_weight.shape[0], hidden.shape[1], hidden.dtype, hidden.device
     )
-    return (moved.double() + U_FP32 * l64.abs() + TINY).amax(dim=1)
+    return ref_moe.logit_movement(hidden, router_weight, l64, group=group, chunk=chunk)
 
 
 def tie_classes(shared: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -594,57 +579,12 @@ def bench_flops(batch: Batch) -> int:
 # --- agreement ---------------------------------------------------------------------------------
 
 
-def _gamma(n: int) -> float:
-    return n * U_FP32 / (1 - n * U_FP32)
-
-
-def _rounded(value_bound: torch.Tensor) -> torch.Tensor:
-    """The error one bf16 rounding adds to a value of magnitude at most ``value_bound``."""
-    return U_BF16 * value_bound + TINY
-
-
 def bound(batch: Batch, reference: Outputs) -> Outputs:
-    """Per element of ``[T, H]``: the propagated bound of the module docstring (fp64)."""
+    """Per element of ``[T, H]``: the propagated bound of the module docstring (fp64),
+    :func:`batchinv.reference.fused_moe.tolerance_bound` with this lane's logit movement."""
     kw = batch.kwargs()
-    terms = ref_moe.expert_terms(**kw)
-    x = kw["hidden"].double()
-    w13, w2 = kw["w13"], kw["w2"]
-    on_input = kw["apply_router_weight_on_input"]
-    _, k, two_i = terms.gate_up.shape
-    i, h = two_i // 2, x.shape[1]
-    p = terms.weights.abs()  # [T, k]
-    rel_w = 4.1 * logit_movement(kw["hidden"], kw["router_weight"])[:, None] + 2.0**-22
-    dp = p * rel_w  # [T, k]
-    a1 = torch.zeros_like(terms.gate_up)  # |w13| |x|
-    ids = terms.ids.to(torch.int64)
-    for e in ids.unique().tolist():
-        tok, slot = (ids == e).nonzero(as_tuple=True)
-        a1[tok, slot] = x[tok].abs() @ w13[e].double().abs().T
-    acc = _gamma(h) * a1
-    dgu = acc + _rounded(terms.gate_up.abs() + acc)  # [T, k, 2I]
-    g, u = terms.gate_up[..., :i], terms.gate_up[..., i:]
-    dg, du = dgu[..., :i], dgu[..., i:]
-    s, ds = (p, dp) if on_input else (torch.ones_like(p), torch.zeros_like(p))
-    s, ds = s[..., None], ds[..., None]
-    silu = ref_moe.silu64(g).abs()
-    um = u.abs() + du
-    prop = (1.1 * dg * um + silu * du) * (s + ds) + silu * um * ds
-    hm = terms.act.abs() + prop
-    dh = prop + 16 * U_FP32 * hm + _rounded(hm * (1 + 16 * U_FP32))  # [T, k, I]
-    dy = torch.zeros_like(terms.down)
-    ym = torch.zeros_like(terms.down)
-    for e in ids.unique().tolist():
-        tok, slot = (ids == e).nonzero(as_tuple=True)
-        aw2 = w2[e].double().abs()
-        dy[tok, slot] = dh[tok, slot] @ aw2.T + _gamma(i) * (
-            (terms.act[tok, slot].abs() + dh[tok, slot]) @ aw2.T
-        )
-    dy = dy + _rounded(terms.down.abs() + dy)
-    ym = terms.down.abs() + dy
-    c, dc = (torch.ones_like(p), torch.zeros_like(p)) if on_input else (p, dp)
-    err = (c[..., None] * dy + ym * dc[..., None]).sum(dim=1)  # [T, H]
-    err = err + 4 * k * 2.0**-53 * ((c + dc)[..., None] * ym).sum(dim=1)
-    return (err + _rounded(reference[0].abs() + err),)
+    movement = logit_movement(kw["hidden"], kw["router_weight"])
+    return (ref_moe.tolerance_bound(**kw, reference=reference[0], movement=movement),)
 
 
 # --- error inputs --------------------------------------------------------------------------------

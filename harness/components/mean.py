@@ -40,14 +40,11 @@ from batchinv.fast.enable import ops
 from batchinv.fast.mean import COMBINE_LOSS, mean_config, reduction_depth
 from batchinv.fast.mean import mean as fast_mean
 from batchinv.harness.components.softmax import (
-    FTZ_FLOOR,
     LAYOUTS,
     VALUE_KINDS,
     add_specials,
     apply_layout,
     build_values,
-    conversion_error,
-    half_min_subnormal,
 )
 from batchinv.harness.invariance import pack_at_offset
 from batchinv.harness.lanes import Lane
@@ -66,6 +63,7 @@ from batchinv.harness.registry import (
 from batchinv.reference.errors import ArgumentError, DeviceError, DTypeError
 from batchinv.reference.exact import quantum_exponent
 from batchinv.reference.mean import mean as reference_mean
+from batchinv.reference.mean import mean_bound as reference_mean_bound
 
 NAME = "mean"
 DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
@@ -233,52 +231,22 @@ def bench_cases(lane: Lane) -> list[Case]:
     ]
 
 
-#: fp64's unit roundoff.
-U64 = 2.0**-53
-
-
-def gamma(k: int) -> float:
-    """Higham's gamma_k = k u / (1 - k u) for fp64: the relative bound of k roundings in sequence."""
-    return k * U64 / (1.0 - k * U64)
-
-
 def mean_bound(batch: Batch, ref_out: Outputs) -> Outputs:
-    """Per-row bound on |fast - fp64 reference|.
-
-    With e_n the elements rounded to the output dtype (exact in fp64; the reference casts the
-    same way, bit for bit), A = mean|e|, y = mean(e) exact and c = ceil(N / block_n) from the
-    config table (the pinned order):
-
-    * lanes: each adds its <= c elements in sequence in fp64 from +0: in all, at most gamma_c * N A;
-    * combine: truncation under COMBINE_LOSS (2**-29) of the largest lane <= (1 + gamma_c) N A;
-    * the int64 -> fp64 total and the fp64 division: two roundings, under 3u64 (|y| + err);
-    * so the fp64 quotient q has |q - y| <= d := (gamma_c + 2**-29 (1 + gamma_c)) A (1 + 3u64)
-      + 3u64 |y|;
-    * one rounding of q to the output dtype (bf16/fp16 via fp32 rounded to odd: a single
-      rounding): u_out |q| <= u_out (|y| + d), or half the smallest subnormal below the normal
-      range;
-    * the reference is the exact mean rounded once to fp64: u64 |y|;
-    * a GPU may flush subnormal elements (the mean moves under 2**-126) and a subnormal fp32
-      result (under 2**-126): 2 * FTZ_FLOOR.
-    """
+    """Per-row bound on |fast - fp64 reference|: :func:`batchinv.reference.mean.mean_bound` for
+    the pinned order's lane depth on this lane (the config table) and the fixed-point combine's
+    :data:`batchinv.fast.mean.COMBINE_LOSS`."""
     x = batch.rows["x"]
-    ref = ref_out[0]
-    dtype = batch.shared.get("dtype")
-    out_dtype = x.dtype if dtype is None else dtype
     n = x.shape[-1]
-    elements = x.to(out_dtype).to(ref.device, torch.float64)  # the values the reference sums
-    mean_abs = elements.abs().mean(dim=-1, keepdim=True)
-    if not batch.shared.get("keepdim"):
-        mean_abs = mean_abs.squeeze(-1)
-    mean_abs = torch.where(torch.isfinite(mean_abs), mean_abs, torch.zeros_like(mean_abs))
     chunks = reduction_depth(mean_config(arch(x.device), x.dtype, n), n)
-    y = torch.where(torch.isfinite(ref), ref.abs(), torch.zeros_like(ref))
-    g = gamma(chunks)
-    fast_q = (g + COMBINE_LOSS * (1.0 + g)) * mean_abs * (1.0 + 3 * U64) + 3 * U64 * y
-    u_out = conversion_error(out_dtype, x.device)
-    fast_err = fast_q * (1.0 + u_out) + u_out * y + half_min_subnormal(out_dtype)
-    ref_err = U64 * y
-    return (fast_err + ref_err + 2 * FTZ_FLOOR,)
+    bound = reference_mean_bound(
+        x,
+        ref_out[0],
+        keepdim=bool(batch.shared.get("keepdim")),
+        dtype=batch.shared.get("dtype"),
+        chunks=chunks,
+        combine_loss=COMBINE_LOSS,
+    )
+    return (bound,)
 
 
 #: Below this magnitude an fp32 value is subnormal: a GPU may flush it (rows with such elements

@@ -13,7 +13,6 @@ midpoint, where either fp32 neighbour is admitted: see :func:`weights_envelope` 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,8 +32,9 @@ from batchinv.harness.registry import (
     Toleranced,
 )
 from batchinv.reference.errors import ArgumentError, DeviceError, DTypeError
-from batchinv.reference.exact import round_once
 from batchinv.reference.moe_router import moe_router as reference_moe_router
+from batchinv.reference.moe_router import weights_bound as reference_weights_bound
+from batchinv.reference.moe_router import weights_envelope as reference_weights_envelope
 
 NAME = "moe_router"
 F32 = torch.float32
@@ -54,9 +54,6 @@ LAYOUTS: tuple[str, ...] = ("contiguous", "strided")
 BIASES: tuple[str, ...] = ("none", "random", "quantized")
 
 _NEGATIVE_NANS = ("-inf", "-quiet_nan", "-signalling_nan", "all_ones_nan", "all_ones_minus_one_nan")
-
-#: fp64 unit roundoff.
-U64 = 2.0**-53
 
 
 def build_row(kind: str, num_experts: int, gen: torch.Generator) -> torch.Tensor:
@@ -198,55 +195,17 @@ def bench_cases(lane: Lane) -> Sequence[Case]:
     ]
 
 
-#: A score below fp64's normal range (``2^-1022``) may be off by its whole value: exp's subnormal
-#: results carry absolute, not relative, errors and sigmoid's ``exp(-x)`` may overflow to inf on
-#: one side only at its edge.  Absolute slack per score (both sides): far below fp32's 2^-150.
-SCORE_ABS = 2.0**-1021
-
-
 def weights_envelope(batch: Batch, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(lo, hi)`` float64 ``[T, k]``: the fp32 values the fast weight may take (both ends in).
-
-    Both sides compute the same fp64 operations in the same order except two: ``exp`` (libm,
-    NumPy or libdevice, each within 1 fp64 ULP of the true value, so two of them within
-    ``2^-51`` relative) and the softmax denominator's summation order over E positive terms
-    (each order within ``(E - 1) u64`` of the exact sum).  A chosen score then differs by at most
-    ``d = (2 E + 8) u64`` relative, a renormalized weight by ``2 d`` plus its slot sum's
-    ``k u64``: ``delta = (4 E + 2 k + 16) u64``, plus ``2 u64`` for forming ``v +- s`` below.
-    Absolute: :data:`SCORE_ABS` per score; renormalized, ``(k + 2) SCORE_ABS / S`` with ``S`` the
-    reference's sum of the chosen scores (infinite where ``S < 2^-1000``: no such row in the
-    cases).  So the kernel's fp64 weight lies in ``[v - s, v + s]``, ``s = delta |v| + abs``, and
-    it is rounded once (to nearest) to fp32: rounding is monotone, so the fast weight is one of
-    the fp32 values from ``lo = fp32(v - s)`` to ``hi = fp32(v + s)``.  For these ``s`` (~2^-44
-    relative) that is ``fp32(v)`` alone, or the two fp32 neighbours of ``v`` where a rounding
-    midpoint lies within ``s`` of ``v``: never a full ULP away from the correctly rounded value.
-    """
-    num_experts = batch.rows["logits"].shape[1]
-    top_k = int(batch.shared["top_k"])
-    delta = (4 * num_experts + 2 * top_k + 18) * U64
-    absolute = torch.full_like(weights[:, :1], SCORE_ABS)
-    if bool(batch.shared["renormalize"]):
-        scores, _ = reference_moe_router(**{**batch.kwargs(), "renormalize": False})
-        total = scores.sum(dim=1, keepdim=True)  # [T, 1]
-        big = total >= 2.0**-1000
-        absolute = torch.where(big, (top_k + 2) * SCORE_ABS / torch.where(big, total, 1.0), math.inf)
-    slack = delta * weights.abs() + absolute
-    return round_once(weights - slack, F32).double(), round_once(weights + slack, F32).double()
+    """``(lo, hi)`` float64 ``[T, k]``: the fp32 values the fast weight may take (both ends in):
+    :func:`batchinv.reference.moe_router.weights_envelope` of the batch's arguments."""
+    return reference_weights_envelope(**batch.kwargs(), weights=weights)
 
 
 def weights_bound(batch: Batch, ref_out: Outputs) -> Outputs:
-    """Per-element bound of ``|fast - reference|``: ``(weights bound, ids bound 0)``.
-
-    The weights' bound is the distance from the reference ``v`` to the farther end of
-    :func:`weights_envelope`: it admits the fp32 values of the envelope and no other (the next
-    fp32 value beyond either end is farther from ``v`` than the other end), so a weight off by
-    one ULP from the correctly rounded value fails wherever the fp64 slack cannot move the
-    rounding, at the top of a binade (where half an fp32 ULP of ``v`` is a full ULP below it)
-    as anywhere else.  A NaN reference gives a NaN bound: there only the class is compared.
-    """
-    weights = ref_out[0]
-    lo, hi = weights_envelope(batch, weights)
-    bound = torch.maximum(weights - lo, hi - weights)
+    """Per-element bound of ``|fast - reference|``: ``(weights bound, ids bound 0)``, the weights'
+    from :func:`batchinv.reference.moe_router.weights_bound` (NaN where the reference is NaN:
+    there only the class is compared)."""
+    bound = reference_weights_bound(**batch.kwargs(), weights=ref_out[0])
     return bound, torch.zeros((), dtype=torch.float64)
 
 

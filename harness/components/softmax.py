@@ -54,7 +54,10 @@ from batchinv.harness.registry import (
     m_sweep,
 )
 from batchinv.reference.errors import ArgumentError, DeviceError, DTypeError
+from batchinv.reference.softmax import K_DIV, K_EXP
+from batchinv.reference.softmax import log_softmax_bound as reference_log_softmax_bound
 from batchinv.reference.softmax import softmax as reference_softmax
+from batchinv.reference.softmax import softmax_bound as reference_softmax_bound
 
 NAME = "softmax"
 DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
@@ -95,35 +98,6 @@ SPARSE = (
 )
 _QUIET = ("+quiet_nan", "-quiet_nan")
 _SIGNALLING = ("+signalling_nan", "-signalling_nan", "all_ones_nan", "all_ones_minus_one_nan")
-
-# --- error model constants, in units of fp32's unit roundoff u = 2**-24 ------------------------
-U32 = 2.0**-24
-#: exp: ``ex2.approx.f32`` is within 2 ulp (4 u) on NVIDIA GPUs; NumPy's expf is tighter.
-K_EXP = 4.0
-#: log: ``lg2.approx.f32`` times ln 2, within 2 ulp relative (4 u) of log S.
-K_LOG = 4.0
-#: division: ``div.full.f32`` (Triton's fp32 ``/``) is within 2 ulp (4 u).
-K_DIV = 4.0
-#: A GPU may flush subnormal fp32 intermediates to zero: an absolute error below 2**-126.
-FTZ_FLOOR = 2.0**-126
-
-
-def half_min_subnormal(dtype: torch.dtype) -> float:
-    fmt = bp.float_format(dtype)
-    return 0.5 * 2.0 ** (2 - 2 ** (fmt.exponent_bits - 1) - fmt.mantissa_bits)
-
-
-def unit_roundoff(dtype: torch.dtype) -> float:
-    """Half an ulp of 1.0 in ``dtype``: the relative error of rounding a normal value to it."""
-    return 2.0 ** -(bp.float_format(dtype).mantissa_bits + 1)
-
-
-def conversion_error(dtype: torch.dtype, device: torch.device) -> float:
-    """Relative error of a kernel's fp32 -> ``dtype`` conversion: round to nearest, half an ulp,
-    on every lane (the kernels write the bf16 rounding out, see ``round_to``)."""
-    del device  # the same on every lane
-    return unit_roundoff(dtype)
-
 
 # --- inputs -----------------------------------------------------------------------------------
 
@@ -361,28 +335,9 @@ def bench_cases_for(
 # --- tolerance --------------------------------------------------------------------------------
 
 
-def _row_terms(
-    x: torch.Tensor, ref: torch.Tensor, log: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(|x - max| with non-finite entries zeroed, the fp64 probabilities, sum error delta_S)."""
-    x64 = x.to(ref.device, torch.float64)
-    row_max = x64.amax(dim=-1, keepdim=True)
-    dist = (x64 - row_max).abs()
-    dist = torch.where(torch.isfinite(dist), dist, torch.zeros_like(dist))
-    prob = ref.exp() if log else ref
-    prob = torch.where(torch.isfinite(prob), prob, torch.zeros_like(prob))
-    config = softmax_config(arch(x.device), x.dtype, x.shape[-1])
-    chunks, combine = reduction_depth(config, x.shape[-1])
-    # S's relative error: each term's exp arguments add up to |x_j - max| (rounded twice: the
-    # subtraction and the log2(e) scaling inside exp), it passes through at most chunks + 1
-    # exps and fused multiplies (its own, the lane rescales, the final lane scale), and at most
-    # chunks additions of positive terms in its lane, then the fixed-point combine (2 roundings).
-    delta_s = (
-        2.0 * U32 * (prob * dist).sum(dim=-1, keepdim=True)
-        + (chunks + 1) * (K_EXP + 1.0) * U32
-        + (chunks + combine) * U32
-    )
-    return dist, prob, delta_s
+def _depth(x: torch.Tensor) -> tuple[int, int]:
+    """``(chunks, combine)`` of the pinned reduction the kernel runs on ``x``'s lane (its config)."""
+    return reduction_depth(softmax_config(arch(x.device), x.dtype, x.shape[-1]), x.shape[-1])
 
 
 def out_dtypes(batch: Batch) -> tuple[torch.dtype]:
@@ -391,40 +346,21 @@ def out_dtypes(batch: Batch) -> tuple[torch.dtype]:
 
 
 def softmax_bound(batch: Batch, ref_out: Outputs) -> Outputs:
-    """Per-element bound on |fast - fp64 reference| for softmax.
-
-    relative: 2u|x - max| + K_EXP u (this element's exp) + delta_S (the sum) + K_DIV u (the
-    division) + u_out (rounding to the output dtype), compounded as expm1; absolute floor:
-    FTZ_FLOOR plus half the output dtype's smallest subnormal.
-    """
+    """Per-element bound on |fast - fp64 reference| for softmax:
+    :func:`batchinv.reference.softmax.softmax_bound` for the pinned reduction's depth here."""
     x = batch.rows["x"]
-    ref = ref_out[0]
-    out_dtype = torch.float32 if batch.shared.get("half_to_float") else x.dtype
-    dist, prob, delta_s = _row_terms(x, ref, log=False)
-    rel = 2.0 * U32 * dist + (K_EXP + K_DIV) * U32 + delta_s + conversion_error(out_dtype, x.device)
-    # prob = 0 where the output underflows (or the row is NaN): only the floor applies there
-    scaled = torch.where(prob > 0, prob * torch.expm1(rel), torch.zeros_like(prob))
-    return (scaled + FTZ_FLOOR + half_min_subnormal(out_dtype),)
+    chunks, combine = _depth(x)
+    (out_dtype,) = out_dtypes(batch)
+    return (reference_softmax_bound(x, ref_out[0], out_dtype=out_dtype, chunks=chunks, combine=combine),)
 
 
 def log_softmax_bound(batch: Batch, ref_out: Outputs) -> Outputs:
-    """Per-element bound on |fast - fp64 reference| for log_softmax (absolute).
-
-    u|x - max| (the subtraction) + delta_S + K_LOG u max(1, log S) (log of the sum) + u|y|
-    (the last subtraction) + u_out |y| (rounding to the output dtype), times (1 + u_out).
-    """
+    """Per-element bound on |fast - fp64 reference| for log_softmax (absolute):
+    :func:`batchinv.reference.softmax.log_softmax_bound` for the pinned reduction's depth here."""
     x = batch.rows["x"]
-    ref = ref_out[0]
-    out_dtype = torch.float32 if batch.shared.get("half_to_float") else x.dtype
-    dist, _, delta_s = _row_terms(x, ref, log=True)
-    y = torch.where(torch.isfinite(ref), ref.abs(), torch.zeros_like(ref))
-    log_s = -ref.amax(dim=-1, keepdim=True)  # the maximum's output is exactly -log S
-    log_s = torch.where(torch.isfinite(log_s), log_s, torch.zeros_like(log_s))  # NaN rows: class check only
-    u_out = conversion_error(out_dtype, x.device)
-    bound = (U32 * dist + delta_s + K_LOG * U32 * torch.clamp(log_s, min=1.0) + (U32 + u_out) * y) * (
-        1.0 + u_out
-    ) + FTZ_FLOOR
-    return (bound,)
+    chunks, combine = _depth(x)
+    (out_dtype,) = out_dtypes(batch)
+    return (reference_log_softmax_bound(x, ref_out[0], out_dtype=out_dtype, chunks=chunks, combine=combine),)
 
 
 def justification(what: str) -> str:

@@ -41,106 +41,23 @@ from batchinv.reference.errors import ArgumentError, DeviceError, DTypeError
 NAME = "swiglu"
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
-U32 = 2.0**-24  # fp32 unit roundoff (correctly rounded products, 1 + e)
-DIV = 2.0**-22  # the fp32 division: 2 ULP allowed (Triton's default div.full.f32 on GPUs)
-EXP_ULP = 2.0**-21  # ex2.approx.f32 (tl.exp on GPUs): 2 ULP allowed, plus the argument error
-FTZ = 2.0**-126  # exp(-|g|) may be flushed to zero below the smallest normal (ex2.approx.ftz)
-UNDER = 2.0**-150  # half the smallest fp32 subnormal: one underflowing fp32 rounding
-U64 = 2.0**-53
-#: Per output dtype: (unit roundoff, half the smallest subnormal, precision p, smallest exponent).
-OUT: dict[torch.dtype, tuple[float, float, int, int]] = {
-    torch.bfloat16: (2.0**-8, 2.0**-134, 8, -126),
-    torch.float16: (2.0**-11, 2.0**-25, 11, -14),
-}
+
+# ---------------------------------------------------------------------------------- tolerance
 
 
-def _parts(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-    """(g, v = u s, silu64(g), |s| per row as a column (1 without a scale), has_scale), fp64."""
-    x = batch.rows["gate_up"].to(torch.float64)
-    i = x.shape[1] // 2
-    g, v = x[:, :i], x[:, i:]
-    scale = batch.rows.get("scale")
-    s_abs = torch.ones((x.shape[0], 1), dtype=torch.float64, device=x.device)
-    if scale is not None:
-        s64 = scale.to(x.device, torch.float64)[:, None]
-        v = v * s64
-        s_abs = s64.abs()
-    return g, v, reference.silu64(g), s_abs, scale is not None
-
-
-def fp32_error(batch: Batch, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(relative, absolute) error of the kernel's fp32 value before the final rounding.
-
-    The kernel (fast/kernels/swiglu.py) computes, in fp32 from exact fp32 inputs g, u, s:
-    ``e = exp(-|g|)``, ``num = g * e`` (g < 0) or g, ``d = 1 + e``, ``silu = num / d``, then
-    ``y = silu * (u * s)`` for |s| <= 1 or ``y = (silu * u) * s`` for |s| > 1 (``y = silu * u``
-    without a scale); the output is ``fl_out(y)``.  Write v = u s (exact).  Neither product
-    order overflows unless the exact |y| is past the output range (the reference is then
-    infinite too); a NaN of ``0 * inf`` with no zero exact factor is replaced by the exact
-    signed infinity, so infinities agree exactly and the errors below concern finite values.
-
-    * e: tl.exp is ``ex2.approx(x * log2e)`` on GPUs: the product x * fl(log2 e) errs by at most
-      2^-23 + 2^-48 relatively (two roundings), i.e. a factor exp(|g| (2^-23 + 2^-48)) on e,
-      times (1 + 2^-21) for ex2 itself (2 ULP); numpy's exp in the interpreter is within 1 ULP.
-      So e = E (1 + eta), |eta| <= eta(g) = (1 + 2^-21) exp(|g| (2^-23 + 2^-48)) - 1, plus an
-      absolute min(2^-126, E) where e is flushed to zero (E < 2^-126, |g| > 87.3); past
-      |g| = 104 (E < 2^-150) only that absolute error is counted (eta taken at |g| = 104).
-    * num = g e (g < 0): (1 + eta)(1 + u) and |g| min(2^-126, E) absolute; g >= 0: exact.
-    * d = 1 + e, e in [0, 1]: relative error <= (1 + eta e / (1 + e) + 2^-126)(1 + u) - 1
-      (no cancellation: both terms are >= 0).
-    * silu = num / d: (1 + 2^-22) (div.full.f32 is 2 ULP; the interpreter divides correctly),
-      plus 2^-150 absolute if it underflows.
-    * the two products (one without a scale), each (1 + u) plus 2^-150 absolute: for |s| <= 1,
-      ``u s`` then ``silu (u s)``, whose absolute errors reach y times |silu| and 1; for |s| > 1,
-      ``silu u`` then ``(silu u) s``, times |s| and 1.  silu's absolute error reaches y times
-      |u s| = |v| in either order.
-
-    Hence y = silu(g) v (1 + r) + a with
-    ``1 + r <= (1 + eta)(1 + u)(1 + 2^-22)(1 + u)^(1 + has_scale) / (1 - (eta + 2^-126)(1 + u) - u)``
-    and ``|a| <= 2 (|g| min(2^-126, E) |v| + 2^-150 (|v| + |silu| + |s| + 1))`` (s = 1 without a
-    scale; the factor 2 covers the later relative factors, all below 2).  The fp64 reference
-    errs by at most 8 fp64 ULPs (exp, a product, an add, a division, two products), added to r,
-    plus an absolute 2^-1074 |g| |v| where its exp(-|g|) is subnormal (below 2^-790: nil here).
-    """
-    g, v, silu, s_abs, has_scale = _parts(batch)
-    # Past |g| = 104, E = exp(-|g|) < 2^-150: e is 0 or flushed, an absolute error counted below.
-    mag = torch.nan_to_num(g.abs(), nan=0.0).clamp(max=104.0)
-    eta = (1.0 + EXP_ULP) * torch.exp(mag * (2.0**-23 + 2.0**-48)) - 1.0
-    d_err = (eta + FTZ) * (1.0 + U32) + U32
-    rel = (1.0 + eta) * (1.0 + U32) * (1.0 + DIV) * (1.0 + U32) ** (2 if has_scale else 1) / (
-        1.0 - d_err
-    ) - 1.0
-    rel = rel + 8 * U64
-    flushed = torch.minimum(torch.full_like(g, FTZ), torch.exp(-g.abs()) + 2.0**-1074)  # e's abs error
-    absolute = 2.0 * (g.abs() * flushed * v.abs() + UNDER * (v.abs() + silu.abs() + s_abs + 1.0))
-    return rel, torch.nan_to_num(absolute, nan=0.0, posinf=math.inf)
+def _operands(batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(gate_up, scale)`` of the batch (``scale`` None without one)."""
+    return batch.rows["gate_up"], batch.rows.get("scale")
 
 
 def bound(batch: Batch, ref: Outputs) -> Outputs:
-    """The rigorous bound: the fp32 error of :func:`fp32_error`, then the final rounding to the
-    output dtype, relative u_out plus half its smallest subnormal:
-    ``|fast - ref| <= |ref| ((1 + r)(1 + u_out) - 1) + |a| (1 + u_out) + half_sub``."""
-    rel, absolute = fp32_error(batch, ref[0])
-    u_out, half_sub, _, _ = OUT[batch.rows["gate_up"].dtype]
-    return (ref[0].abs() * ((1.0 + rel) * (1.0 + u_out) - 1.0) + absolute * (1.0 + u_out) + half_sub,)
+    """The rigorous bound, :func:`batchinv.reference.swiglu.tolerance_bound`."""
+    return (reference.tolerance_bound(*_operands(batch), reference=ref[0]),)
 
 
 def tight(batch: Batch, ref: Outputs) -> Outputs:
-    """The judged bound: the final rounding is at most half an output ULP of the fp32 value y,
-    so ``|fast - ref| <= |y - ref| + ulp_out(Y) / 2`` with ``|y - ref| <= |ref| r + |a|`` and
-    ``Y = |ref| (1 + r) + |a| >= |y|`` (the ULP of Y's binade is at least y's; below the
-    normal range the subnormal quantum).  r is a few 2^-24 for |g| < 100, so a 16-bit
-    intermediate (silu rounded to bf16 before the product, as the unfused ``F.silu(g) * u``
-    does) lands a ULP away from the correctly rounded value on many elements: error ~ 1 ULP,
-    over this bound's 1/2 ULP + r."""
-    rel, absolute = fp32_error(batch, ref[0])
-    _, _, p, emin = OUT[batch.rows["gate_up"].dtype]
-    err32 = ref[0].abs() * rel + absolute
-    big = ref[0].abs() + err32
-    exponent = torch.floor(torch.log2(torch.where(big > 0, big, torch.ones_like(big))))
-    exponent = torch.clamp(torch.nan_to_num(exponent, nan=0.0, posinf=0.0), min=emin)
-    half_ulp = torch.exp2(exponent - p)
-    return (err32 + half_ulp,)
+    """The judged bound, :func:`batchinv.reference.swiglu.tight_bound`."""
+    return (reference.tight_bound(*_operands(batch), reference=ref[0]),)
 
 
 def _case(dtype: str, inter: int, rows: int, scale: str, values: str, seed: int) -> Case:
