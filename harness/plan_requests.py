@@ -17,14 +17,15 @@ import torch
 
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import Batch, Case, RequestModel
+from batchinv.harness.requests import take_requests
 
 #: The value of every element of a relocated buffer that no request owns.
 JUNK = -(2**31) + 7
 
 
-def take(batch: Batch, requests: Sequence[int]) -> Batch:
-    """The requests at ``requests`` (an index may repeat), in that order."""
-    return batch.take(list(requests))
+#: The requests at ``requests`` (an index may repeat), in that order: the paged model's take
+#: (:func:`batchinv.harness.requests.take_requests`), which copies the rows and keeps ``shared``.
+take = take_requests
 
 
 def concat(parts: Sequence[Batch]) -> Batch:

@@ -438,3 +438,149 @@ def test_a_single_request_case_still_sees_every_mix():
     one = Case("paged_sums", {"requests": 1}, seed=0)
     caught = run_check(MIXED, "long_neighbour", "co_batch", one, Lane.CPU, m_limit=2)
     assert caught.status == "fail" and caught.where == ["request 0 with 1 other (one_huge)"]
+
+
+# --- the paged layout's options (decode attention's: -1 padding, ragged index lists) -------------
+
+MINUS_ONE = requests.PagedLayout(
+    ("k", "v"), ragged=("indices",), minus_one_padding=True, spare_pages=4, extra_columns=0
+)
+
+
+def _two_pool_batch(lengths, k, seed):
+    """Requests over two pools ``k``/``v`` [pages, PAGE, 2], a -1-padded table one column wider
+    than needed, NaN tails and spare pages, and a ragged ``indices [R, 2, k]`` row."""
+    g = torch.Generator().manual_seed(seed)
+    need = requests.pages_needed(lengths, PAGE)
+    num_pages = sum(need) + 2
+    table = requests.table_padding((len(lengths), max(need, default=0) + 1), num_pages, g, minus_one=True)
+    k_pool = requests.nan_filled_pages(num_pages, PAGE, 2)
+    v_pool = requests.nan_filled_pages(num_pages, PAGE, 2)
+    order = torch.randperm(num_pages, generator=g)
+    taken = 0
+    for r, n in enumerate(need):
+        table[r, :n] = order[taken : taken + n]
+        k_pool[order[taken : taken + n]] = torch.randn(n, PAGE, 2, generator=g)
+        v_pool[order[taken : taken + n]] = torch.randn(n, PAGE, 2, generator=g)
+        taken += n
+    requests.nan_tails(k_pool, table, lengths)
+    requests.nan_tails(v_pool, table, lengths)
+    rows = {
+        "block_table": table.to(torch.int32),
+        "seq_lens": torch.tensor(lengths, dtype=torch.int32),
+        "indices": torch.randint(-1, 4, (len(lengths), 2, k), generator=g, dtype=torch.int32),
+    }
+    return Batch(rows, {"k": k_pool, "v": v_pool, "scale": 0.5})
+
+
+def _tokens(batch, pool):
+    """Per request, its referenced tokens of ``pool`` (bits: fp32 viewed as int32)."""
+    out = []
+    for r, length in enumerate(batch.rows["seq_lens"].tolist()):
+        pages = batch.rows["block_table"][r, : requests.pages_needed([length], PAGE)[0]].long()
+        out.append(batch.shared[pool][pages].reshape(-1, 2)[:length].view(torch.int32))
+    return out
+
+
+def test_table_padding_draws_page_ids_and_with_minus_one_half_of_them_minus_one():
+    g = torch.Generator().manual_seed(0)
+    ids = requests.table_padding((40, 50), 7, g)
+    assert ids.dtype == torch.int64 and int(ids.min()) == 0 and int(ids.max()) == 6
+    mixed = requests.table_padding((40, 50), 7, g, minus_one=True)
+    assert set(mixed.unique().tolist()) == {-1, *range(7)}
+    assert 0.4 < float((mixed == -1).double().mean()) < 0.6
+    assert requests.table_padding((3, 2), 0, g).eq(0).all()  # an empty pool: page 0
+
+
+def test_nan_tails_nan_only_the_tail_of_each_last_page():
+    pool = torch.zeros(3, PAGE)
+    table = torch.tensor([[2, -1], [0, 1]])
+    requests.nan_tails(pool, table, [PAGE - 1, PAGE + 1])
+    assert torch.isnan(pool[2, PAGE - 1]) and not torch.isnan(pool[2, : PAGE - 1]).any()
+    assert torch.isnan(pool[1, 1:]).all() and not torch.isnan(pool[1, :1]).any()
+    assert not torch.isnan(pool[0]).any()
+
+
+@given(requests.ragged_seq_lens(5, 30, PAGE, split=8), st.integers(0, 2**31 - 1))
+def test_relocation_keeps_every_token_and_nans_the_rest(lengths, seed):
+    batch = _two_pool_batch(lengths, 3, seed)
+    MINUS_ONE.check_unreferenced_is_nan(batch)
+    moved = MINUS_ONE.relocate(batch, torch.Generator().manual_seed(seed))
+    MINUS_ONE.check_unreferenced_is_nan(moved)
+    for pool in ("k", "v"):
+        for a, b in zip(_tokens(batch, pool), _tokens(moved, pool), strict=True):
+            assert torch.equal(a, b)
+    table = moved.rows["block_table"]
+    assert table.dtype == torch.int32 and table.shape == batch.rows["block_table"].shape  # extra_columns=0
+    used = sum(requests.pages_needed(lengths, PAGE))
+    assert used + 1 <= moved.shared["k"].shape[0] <= used + 4  # 1..spare_pages spare pages
+    assert bool(((table >= -1) & (table < moved.shared["k"].shape[0])).all())
+    for name in ("seq_lens", "indices"):
+        assert moved.rows[name] is batch.rows[name]
+    assert moved.shared["scale"] == 0.5
+
+
+def test_relocation_padding_holds_minus_one_only_where_the_layout_allows_it():
+    batch = _two_pool_batch([1, 2, 5], 3, seed=0)
+    pads_minus_one, widths = set(), set()  # 5 padding entries: none -1 in 1 of 32
+    for seed in range(20):
+        moved = MINUS_ONE.relocate(batch, torch.Generator().manual_seed(seed))
+        pads_minus_one.add(bool((moved.rows["block_table"] == -1).any()))
+        plain = requests.PagedLayout(("k", "v")).relocate(batch, torch.Generator().manual_seed(seed))
+        assert bool((plain.rows["block_table"] >= 0).all())
+        widths.add(plain.rows["block_table"].shape[1] - batch.rows["block_table"].shape[1])
+    assert True in pads_minus_one
+    assert widths == {0, 1, 2}  # the default: 0..2 more columns
+
+
+def test_concat_pads_tables_and_ragged_rows_with_minus_one_and_offsets_page_ids():
+    a, b = _two_pool_batch([9, 1], 2, seed=1), _two_pool_batch([3], 5, seed=2)
+    both = MINUS_ONE.concat([a, b])
+    pages_a = a.shared["k"].shape[0]
+    assert both.shared["k"].shape[0] == pages_a + b.shared["k"].shape[0]  # no extra page
+    width = max(a.rows["block_table"].shape[1], b.rows["block_table"].shape[1])
+    table, bt_b = both.rows["block_table"], b.rows["block_table"]
+    assert table.shape == (3, width)
+    assert torch.equal(table[2, : bt_b.shape[1]], torch.where(bt_b[0] >= 0, bt_b[0] + pages_a, bt_b[0]))
+    assert bool((table[2, bt_b.shape[1] :] == -1).all())
+    idx = both.rows["indices"]
+    assert idx.shape == (3, 2, 5) and bool((idx[:2, :, 2:] == -1).all())
+    assert torch.equal(idx[:2, :, :2], a.rows["indices"]) and torch.equal(idx[2:], b.rows["indices"])
+    for pool in ("k", "v"):
+        for x, y in zip(_tokens(both, pool), _tokens(a, pool) + _tokens(b, pool), strict=True):
+            assert torch.equal(x, y)
+    MINUS_ONE.check_unreferenced_is_nan(both)
+    # the default layout pads with one NaN page after the pools instead
+    plain = requests.PagedLayout(("k", "v"), ragged=("indices",)).concat([a, b])
+    assert plain.shared["k"].shape[0] == both.shared["k"].shape[0] + 1
+    assert torch.isnan(plain.shared["k"][-1]).all()
+    pad = plain.rows["block_table"][2, bt_b.shape[1] :]
+    assert bool((pad == plain.shared["k"].shape[0] - 1).all())
+
+
+def test_concat_refuses_parts_with_different_shared_operands():
+    a, b = _two_pool_batch([2], 1, seed=0), _two_pool_batch([2], 1, seed=1)
+    other = Batch(b.rows, {**b.shared, "scale": 0.25})
+    with pytest.raises(ValueError, match="different 'scale'"):
+        MINUS_ONE.concat([a, other])
+    with pytest.raises(ValueError, match="no parts"):
+        MINUS_ONE.concat([])
+
+
+def test_take_keeps_the_pools_and_accepts_a_list_or_a_tensor():
+    batch = _two_pool_batch([1, 6, 3], 2, seed=4)
+    for index in ([2, 0, 2], torch.tensor([2, 0, 2])):
+        got = MINUS_ONE.take(batch, index)
+        assert got.shared is batch.shared
+        assert torch.equal(got.rows["seq_lens"], torch.tensor([3, 1, 3], dtype=torch.int32))
+
+
+def test_decode_attention_uses_the_paged_layout():
+    from batchinv.harness.components import decode_attention
+
+    layout = decode_attention.PAGED
+    assert isinstance(layout, requests.PagedLayout)
+    assert layout.pools == ("k_cache", "v_cache") and layout.ragged == ("indices",)
+    assert layout.minus_one_padding
+    model = decode_attention.COMPONENT.requests
+    assert model.take == layout.take and model.concat == layout.concat and model.relocate == layout.relocate

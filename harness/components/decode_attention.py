@@ -1,8 +1,9 @@
 """Request-level pieces of the ``decode_attention`` component: cases, the case builder, error
-inputs, and the three request-model functions (:func:`take`, :func:`concat`, :func:`relocate`).
+inputs, and its paged request model (:data:`PAGED`, a
+:class:`~batchinv.harness.requests.PagedLayout`: :func:`take`, :func:`concat`, :func:`relocate`).
 
 The registry entry, :data:`COMPONENT`, is at the end: a request-level component (its
-``RequestModel`` is take / concat / relocate / neighbours below), checked for agreement,
+``RequestModel`` is :data:`PAGED`'s take / concat / relocate and :func:`neighbours`), checked for agreement,
 co_batch, slot, placement and repeat.  co_batch puts each target request among other requests
 of four length mixes (:func:`neighbours`: long, short, equal, and one huge, 2x the case's
 longest context on the cpu lane, 4x on GPU lanes), one mix per (target, co-batch size) pair.
@@ -27,7 +28,8 @@ import torch
 from batchinv.fast import decode_attention as fast_attention
 from batchinv.fast.baselines import decode_attention as baselines
 from batchinv.harness.lanes import Lane
-from batchinv.harness.registry import Baseline, Batch, Case, Component, ErrorCase, RequestModel, Toleranced
+from batchinv.harness.registry import Baseline, Batch, Case, Component, ErrorCase, Toleranced
+from batchinv.harness.requests import PagedLayout, nan_filled_pages, nan_tails, pages_needed, table_padding
 from batchinv.reference import decode_attention as ref_attention
 from batchinv.reference.errors import ArgumentError, DeviceError, DTypeError
 from batchinv.reference.exact import round_once
@@ -174,24 +176,6 @@ def _lengths(
     raise ValueError(f"lengths: expected one of {LENGTH_KINDS}, got {kind!r}")
 
 
-def _padding(shape: tuple[int, ...], num_pages: int, gen: torch.Generator) -> torch.Tensor:
-    """Table padding: random page ids, or -1, half and half (int64, CPU)."""
-    ids = torch.randint(max(1, num_pages), shape, generator=gen)
-    return torch.where(torch.rand(shape, generator=gen) < 0.5, ids, -1)
-
-
-def _pages_needed(lens: Sequence[int], page_size: int) -> list[int]:
-    return [-(-length // page_size) for length in lens]
-
-
-def _nan_tails(cache: torch.Tensor, table: torch.Tensor, lens: Sequence[int]) -> None:
-    """NaN the slots of each request's last page past its length (in place)."""
-    page_size = cache.shape[1]
-    for r, length in enumerate(lens):
-        if length % page_size:
-            cache[int(table[r, length // page_size]), length % page_size :] = math.nan
-
-
 def _sparse_indices(lens: Sequence[int], q_len: int, k: int, seed: int, gen: torch.Generator) -> torch.Tensor:
     """(R, Q, K) int32: per token a random ascending set of positions < L and a -1 tail; every
     fourth request (by seed) is an empty context (all -1); odd requests get -1 inside the list."""
@@ -298,14 +282,14 @@ def build(case: Case, device: torch.device) -> Batch:
     merge_order = a["lengths"] == "merge_order"
     split_tokens = decode_attention_config(arch(device), d, dtype).split_tokens if merge_order else 0
     lens = _lengths(a["lengths"], r_count, q_len, a["longest"], case.seed, gen, split_tokens)
-    need = _pages_needed(lens, page_size)
+    need = pages_needed(lens, page_size)
     spare = 1 + int(torch.randint(3, (1,), generator=gen))
     num_pages = sum(need) + spare
     max_pages = max(need, default=0) + 1
     perm = torch.randperm(num_pages, generator=gen)
-    table = _padding((r_count, max_pages), num_pages, gen)
-    k_cache = torch.full((num_pages, page_size, hkv, d), math.nan, dtype=dtype)
-    v_cache = torch.full((num_pages, page_size, hkv, d), math.nan, dtype=dtype)
+    table = table_padding((r_count, max_pages), num_pages, gen, minus_one=True)
+    k_cache = nan_filled_pages(num_pages, page_size, hkv, d, dtype=dtype)
+    v_cache = nan_filled_pages(num_pages, page_size, hkv, d, dtype=dtype)
     taken = 0
     for r in range(r_count):
         ids = perm[taken : taken + need[r]]
@@ -315,8 +299,8 @@ def build(case: Case, device: torch.device) -> Batch:
         v_cache[ids] = torch.randn(need[r], page_size, hkv, d, generator=gen).to(dtype)
     if merge_order:
         _merge_order_kv(k_cache, v_cache, table, lens, split_tokens, gen)
-    _nan_tails(k_cache, table, lens)
-    _nan_tails(v_cache, table, lens)
+    nan_tails(k_cache, table, lens)
+    nan_tails(v_cache, table, lens)
     rows: dict[str, torch.Tensor] = {
         "q": torch.randn(r_count, q_len, hq, d, generator=gen).to(dtype),
         "seq_lens": torch.tensor(lens, dtype=torch.int32),
@@ -377,7 +361,7 @@ def build_on_device(case: Case, device: torch.device) -> Batch:
     if a["lengths"] == "merge_order":
         raise ValueError("fill='device': merge_order cases are built on the host (build)")
     lens = _lengths(a["lengths"], r_count, q_len, a["longest"], case.seed, gen, 0)
-    need = _pages_needed(lens, page_size)
+    need = pages_needed(lens, page_size)
     num_pages = sum(need) + 1
     table = torch.full((r_count, max(need) + 1), -1, dtype=torch.int32)
     perm = torch.randperm(num_pages, generator=gen).to(torch.int32)
@@ -456,76 +440,19 @@ def neighbours(case: Case, lane: Lane) -> dict[str, Case]:
     return out
 
 
-def take(batch: Batch, requests: Sequence[int] | torch.Tensor) -> Batch:
-    """The requests at ``requests`` (in that order), over the same page pools."""
-    idx = torch.as_tensor(requests, dtype=torch.long)
-    return Batch({k: v.index_select(0, idx.to(v.device)) for k, v in batch.rows.items()}, batch.shared)
-
-
-def _pad_last(t: torch.Tensor, width: int) -> torch.Tensor:
-    if t.shape[-1] == width:
-        return t
-    pad = torch.full((*t.shape[:-1], width - t.shape[-1]), -1, dtype=t.dtype, device=t.device)
-    return torch.cat([t, pad], dim=-1)
-
-
-def concat(parts: Sequence[Batch]) -> Batch:
-    """The requests of ``parts`` in order, over one pool: the parts' pools concatenated and each
-    part's page ids offset by the pages before it (-1 padding stays -1); block tables and index
-    lists padded with -1 to the widest.  The parts must share Q, Hq, D, dtypes and ``scale``."""
-    first = parts[0]
-    for p in parts[1:]:
-        if p.shared["scale"] != first.shared["scale"]:
-            raise ValueError("concat: parts with different scales")
-    width = max(p.rows["block_table"].shape[1] for p in parts)
-    tables, offset = [], 0
-    for p in parts:
-        t = p.rows["block_table"]
-        tables.append(_pad_last(torch.where(t >= 0, t + offset, t), width))
-        offset += p.shared["k_cache"].shape[0]
-    rows = {
-        "q": torch.cat([p.rows["q"] for p in parts]),
-        "seq_lens": torch.cat([p.rows["seq_lens"] for p in parts]),
-        "block_table": torch.cat(tables),
-    }
-    if "indices" in first.rows:
-        k = max(p.rows["indices"].shape[2] for p in parts)
-        rows["indices"] = torch.cat([_pad_last(p.rows["indices"], k) for p in parts])
-    shared = {
-        "k_cache": torch.cat([p.shared["k_cache"] for p in parts]),
-        "v_cache": torch.cat([p.shared["v_cache"] for p in parts]),
-        "scale": first.shared["scale"],
-    }
-    return Batch(rows, shared)
-
-
-def relocate(batch: Batch, generator: torch.Generator) -> Batch:
-    """The same requests with their KV in other physical pages: a fresh pool (a few more pages
-    than referenced, in a random order), each referenced page copied to its new place, NaN
-    elsewhere (the last page's tail included), and new table padding."""
-    table = batch.rows["block_table"].cpu().to(torch.int64)
-    lens = [int(v) for v in batch.rows["seq_lens"].cpu()]
-    k_old, v_old = batch.shared["k_cache"], batch.shared["v_cache"]
-    page_size = k_old.shape[1]
-    need = _pages_needed(lens, page_size)
-    num_pages = sum(need) + 1 + int(torch.randint(4, (1,), generator=generator))
-    perm = torch.randperm(num_pages, generator=generator)
-    new_table = _padding(tuple(table.shape), num_pages, generator)
-    k_new = torch.full((num_pages, *k_old.shape[1:]), math.nan, dtype=k_old.dtype, device=k_old.device)
-    v_new = torch.full_like(k_new, math.nan)
-    taken = 0
-    for r in range(len(lens)):
-        new_ids = perm[taken : taken + need[r]]
-        taken += need[r]
-        new_table[r, : need[r]] = new_ids
-        old_ids = table[r, : need[r]].to(k_old.device)
-        k_new[new_ids.to(k_old.device)] = k_old.index_select(0, old_ids)
-        v_new[new_ids.to(k_old.device)] = v_old.index_select(0, old_ids)
-    _nan_tails(k_new, new_table, lens)
-    _nan_tails(v_new, new_table, lens)
-    rows = dict(batch.rows)
-    rows["block_table"] = new_table.to(torch.int32).to(batch.rows["block_table"].device)
-    return Batch(rows, {**batch.shared, "k_cache": k_new, "v_cache": v_new})
+#: The paged request model (:class:`~batchinv.harness.requests.PagedLayout`): ``take`` keeps the
+#: pools whole; ``concat`` concatenates the pools (no extra page), offsets each part's page ids
+#: by the pages before it (-1 padding stays -1), pads block tables and sparse ``indices`` with -1
+#: to the widest part and requires one ``scale``; ``relocate`` gives a fresh pool (1-4 pages more
+#: than referenced, in a random order), copies each referenced page to its new place, NaN
+#: elsewhere (the last page's tail included), and new table padding of the same width (random
+#: page ids or -1).
+PAGED = PagedLayout(
+    ("k_cache", "v_cache"), ragged=("indices",), minus_one_padding=True, spare_pages=4, extra_columns=0
+)
+take = PAGED.take
+concat = PAGED.concat
+relocate = PAGED.relocate
 
 
 # --- error inputs --------------------------------------------------------------------------------
@@ -772,5 +699,5 @@ COMPONENT = Component(
     error_cases=error_cases,
     bench_cases=bench_cases,
     bench_bytes=bench_bytes,
-    requests=RequestModel(take=take, concat=concat, relocate=relocate, neighbours=neighbours),
+    requests=PAGED.model(neighbours=neighbours),
 )
