@@ -257,7 +257,8 @@ class PagedLayout:
 
     def check_unreferenced_is_nan(self, batch: Batch) -> None:
         """Raise ``AssertionError`` if a pool holds a non-NaN element no request references (a
-        case builder's self-check: DESIGN.md asks unreferenced memory to be NaN in every case)."""
+        case builder's self-check: docs/DESIGN.md, "Units: rows and requests", asks unreferenced
+        memory to be NaN in every case)."""
         bt = batch.rows[self.block_table]
         lengths = [int(n) for n in batch.rows[self.seq_lens].tolist()]
         for name in self.pools:
