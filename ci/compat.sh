@@ -32,10 +32,10 @@ VERSIONS=("$@")
 JOBS=${COMPAT_JOBS:-2}
 COMPAT_QUICK_SWEEP=${COMPAT_QUICK_SWEEP:-softmax log_softmax mean rms_norm --max-m 16}
 KERNEL_TESTS=(
-    tests/test_topk.py tests/test_matmul.py tests/test_rms_norm.py tests/test_softmax.py
-    tests/test_mean.py tests/test_decode_attention.py tests/test_swiglu.py tests/test_grouped_gemm.py
-    tests/test_grouped_gemm_arguments.py tests/test_fused_moe.py tests/test_moe_router.py
-    tests/test_ops.py tests/test_enable.py tests/test_versions.py
+    tests/components/test_topk.py tests/components/test_matmul.py tests/components/test_rms_norm.py tests/components/test_softmax.py
+    tests/components/test_mean.py tests/components/test_decode_attention.py tests/components/test_swiglu.py tests/components/test_grouped_gemm.py
+    tests/components/test_grouped_gemm_arguments.py tests/components/test_fused_moe.py tests/components/test_moe_router.py
+    tests/integration/test_ops.py tests/integration/test_enable.py tests/integration/test_versions.py
 )
 OUT=.compat
 TABLE=${COMPAT_TABLE:-$OUT/table.md}

@@ -5,7 +5,7 @@
 #     [PY=python3] [LANE=sm90] bash ci/device.sh OUTDIR STEP...
 #
 # A STEP is KIND[:ARG,ARG,...][@CAP]: the arguments are comma-separated (each one word for the
-# command, spaces kept: "pytest:tests/test_mean.py,-k,modes or agreement"), CAP the step's cap in
+# command, spaces kept: "pytest:tests/components/test_mean.py,-k,modes or agreement"), CAP the step's cap in
 # seconds (default per kind, below).  KINDs:
 #
 #   sweep[:ARGS]      batchinv sweep [--lane LANE] --no-progress --report OUTDIR/NAME.jsonl ARGS
@@ -35,7 +35,7 @@
 # Examples (the one-purpose scripts this replaced, and the runs they made: ci/README.md):
 #   bash ci/device.sh OUT make-sweep:cold make-sweep make-test bench:matmul
 #   LANE=sm90 bash ci/device.sh OUT sweep:fp8_gemm@300 tune:fp8_gemm
-#   bash ci/device.sh OUT "pytest:tests/test_mean.py,-k,modes" sweep:mean,softmax
+#   bash ci/device.sh OUT "pytest:tests/components/test_mean.py,-k,modes" sweep:mean,softmax
 set -uo pipefail
 if [ $# -lt 2 ]; then
     sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2

@@ -27,8 +27,8 @@ echo "vllm.sh: venv ready in $((t1 - t0)) s ($("$VENV/bin/python" -c 'import imp
 
 # The adapter's tests (the vLLM-needing ones run here) and the packaging check that the harness
 # never imports vLLM (it has teeth here, where vLLM is installed).
-"$VENV/bin/python" -m pytest -q -p no:randomly -p no:cacheprovider tests/test_vllm_adapter.py \
-    "tests/test_layers.py::test_harness_import_never_pulls_vllm_or_flashinfer"
+"$VENV/bin/python" -m pytest -q -p no:randomly -p no:cacheprovider tests/integration/test_vllm_adapter.py \
+    "tests/integration/test_layers.py::test_harness_import_never_pulls_vllm_or_flashinfer"
 t2=$(date +%s)
 
 # vLLM's invariant kernels (role fast) and default paths (role baseline) on the cpu lane.

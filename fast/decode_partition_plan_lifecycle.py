@@ -23,7 +23,7 @@ per request, so a step's bits are the pinned plan's exactly when the lifecycle i
 The mutant suite (``tests/mutants/lifecycle.py``) plants the seed's regressions here -- the
 record skipped, the kernel's output returned before the record, the install dropped (whole, or
 its ``num_splits`` half), the shipped output returned when the build fails -- and the guards of
-``tests/decode_plan_guards.py`` must each catch theirs.
+``tests/support/decode_plan_guards.py`` must each catch theirs.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The kernel is :func:`batchinv.fast.kernels.fp8_quant.fp8_quant_kernel`: one prog
 block, segment) on one flat grid axis, a segment being a whole row (per token) or one 1 x G group.  The config
 (:func:`config_for`) is keyed on (arch, segment length) only, never on the number of rows, which
 only sets the grid.  No config could change a bit here anyway (a max is exact and the rest is
-elementwise), but the rule of every launcher holds, and ``tests/test_fp8_quant.py`` runs every
+elementwise), but the rule of every launcher holds, and ``tests/components/test_fp8_quant.py`` runs every
 config of a segment length against the shipped one.
 """
 

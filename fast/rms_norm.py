@@ -100,7 +100,7 @@ def derive_config(arch_name: str, dtype: torch.dtype, n_cols: int) -> RmsNormCon
 
 #: The config table.  Keyed ONLY on (arch, dtype, hidden size): never on the number of rows,
 #: since anything that changes with the rows could change a row's reduction order and with it
-#: its bits.  tests/test_rms_norm.py checks the key and that every M runs one config.
+#: its bits.  tests/components/test_rms_norm.py checks the key and that every M runs one config.
 CONFIGS: MappingProxyType[ConfigKey, RmsNormConfig] = MappingProxyType(
     {(a, d, n): derive_config(a, d, n) for a in _GPU_ARCHES for d in _DTYPES for n in PRODUCTION_HIDDEN}
 )

@@ -14,7 +14,7 @@ column, no arithmetic whose result depends on an order -- and because the regist
 ``config_equivalence`` proves it: ``batchinv.harness.components.topk.configs`` hands it each
 kernel on every case of every lane, and every warps and register-cap variant on the GPU lanes'
 cases of the tuned bucket, and it requires the shipped launch's bits from each.  A table naming
-anything else fails at import (the :data:`EXECUTIONS` lookup) and in ``tests/test_topk.py``.
+anything else fails at import (the :data:`EXECUTIONS` lookup) and in ``tests/components/test_topk.py``.
 
 Both tables are read through :func:`execution_table`, the two-step lookup of
 :mod:`batchinv.fast.execution`: (arch, k, num_cols) give the executions by row bucket, the rows

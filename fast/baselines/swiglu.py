@@ -5,7 +5,7 @@
   unfused ``F.silu(gate) * up``), as an M-bucketed config that trades precision for bandwidth
   would.  The bits of a row then depend on the batch size (batch_prefix catches it on every
   lane).  The unfused torch path itself is a precision difference, not a batch dependence
-  (elementwise torch kernels are row-local): ``tests/test_swiglu.py`` shows the tight bound
+  (elementwise torch kernels are row-local): ``tests/components/test_swiglu.py`` shows the tight bound
   rejects it, and a mutant plants it in the kernel.
 """
 

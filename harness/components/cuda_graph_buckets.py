@@ -8,7 +8,7 @@ count mod 64).  The contract: every step the configuration admits pads to a buck
 count is a multiple of 64, so a request's launch class is ``(1, 0)`` in any co-batch.
 
 The bucket table itself (validate-then-align, deduplicated, ascending) is a property of the
-configuration, not of a request; tests/test_cuda_graph_buckets.py holds it to the reference row
+configuration, not of a request; tests/components/test_cuda_graph_buckets.py holds it to the reference row
 for row and checks its properties with hypothesis (every admissible step maps to exactly one
 bucket; the bucket depends only on the step's dims; no requested size is dropped).
 

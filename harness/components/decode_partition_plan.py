@@ -20,7 +20,7 @@ The negative control is the token-balanced planner (:mod:`batchinv.fast.baseline
 which cuts a long request where a partition's block budget runs out: co_batch sees it on the
 first case (a long request alone is cut into ~P pieces, beside others elsewhere).  The covering
 property (every request exactly once, contiguous, in order) is a hypothesis test over b in
-1..2P+1 and P in {1, 2, 4, 132, 133} (tests/test_decode_partition_plan.py).
+1..2P+1 and P in {1, 2, 4, 132, 133} (tests/components/test_decode_partition_plan.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ taken over the batch, or over the row, changes the bits of most rows and groups)
   of the input dtype above and below, random signs.  The other rows are ``normal``.
 
 A row's amax over 448 * scale (fl32 rounding the scale down, so amax / scale > 448 and q is
-448 by rounding) happens on about half of the normal rows; ``tests/test_fp8_quant.py`` asserts
+448 by rounding) happens on about half of the normal rows; ``tests/components/test_fp8_quant.py`` asserts
 the cpu cases hold some.
 
 Layouts: ``contiguous``; ``strided`` (a column window of a wider NaN-filled buffer);

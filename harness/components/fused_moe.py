@@ -42,7 +42,7 @@ under softmax), ``random`` and ``near_tie`` (:func:`_near_tie_tokens`: the two k
 ``top_k`` cutoff closer than the keys' possible movement, i.e. within fp32 rounding of a swap).
 The checks compare the case's own tokens, so near-ties enter co_batch as other requests; a
 near-tie token as the compared target (alone, co-batched, repeated) is
-``tests/test_fused_moe.py``'s.  Not built: near-ties at the group cutoff.
+``tests/components/test_fused_moe.py``'s.  Not built: near-ties at the group cutoff.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 Status: the reference (:mod:`batchinv.reference.nvfp4`) and the kernel selection rule of vLLM
 PR #62192 (:mod:`batchinv.fast.nvfp4_select`) are built and tested on CPU
-(``tests/test_nvfp4.py``, ``tests/test_nvfp4_select.py``).  The fast kernel is future work: no
+(``tests/components/test_nvfp4.py``, ``tests/components/test_nvfp4_select.py``).  The fast kernel is future work: no
 Blackwell machine has been lent, so :func:`batchinv.fast.w4a16_nvfp4.w4a16_nvfp4_matmul`
 validates its input and raises ``NotBuiltError``.  Off sm100 the sweep reports the component
 as "not run on this lane" and the pytest plugin skips its tests with that reason; on sm100

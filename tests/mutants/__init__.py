@@ -1,7 +1,7 @@
 """The mutant suite: planted one-line regressions of the fast kernels (docs/DESIGN.md, "Teeth").
 
 Each :class:`Mutant` is a subject with its component's fast signature that differs from the
-shipped code in one way a real regression would.  ``tests/test_mutants.py`` runs each through
+shipped code in one way a real regression would.  ``tests/mutants/test_mutants.py`` runs each through
 the registry (``dataclasses.replace(component, fast=subject)``) and the cpu-lane sweep, with
 the component's own cpu case list, and requires the sweep to fail on ``caught_by`` for the
 planted reason; the same sweep on the shipped kernels passes.  Never shipped: this package
@@ -44,7 +44,7 @@ class Mutant:
             operator the ``modes`` check runs), ``configs`` (the subject is a
             ``configs(batch, lane)``: the executions ``config_equivalence`` runs); or
             ``lifecycle``: the subject is the component's plan lifecycle (a server class), and
-            ``caught_by`` names the lifecycle guards (``tests/decode_plan_guards.py``) that must
+            ``caught_by`` names the lifecycle guards (``tests/support/decode_plan_guards.py``) that must
             fail on it (:data:`LIFECYCLE_MUTANTS`).
     """
 
@@ -462,7 +462,7 @@ MUTANTS = (
 )
 
 #: Mutants of the plan lifecycle (``replaces="lifecycle"``): the seed's regressions of the cold
-#: start, each caught by the lifecycle guards in ``caught_by`` (``tests/test_mutants.py``).
+#: start, each caught by the lifecycle guards in ``caught_by`` (``tests/mutants/test_mutants.py``).
 LIFECYCLE_MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "decode_partition_plan_skips_the_record",

@@ -5,7 +5,7 @@ Planner mutants have the fast planner's signature.  Each lifecycle builder retur
 class with ``DecodePlanServer``'s constructor, rebuilt from the shipped source of
 :mod:`batchinv.fast.decode_partition_plan_lifecycle` with one line replaced
 (:func:`mutants.patch.mutate`); they are judged by the lifecycle guards of
-``tests/decode_plan_guards.py``, not by the sweep: a lifecycle is a sequence of calls over
+``tests/support/decode_plan_guards.py``, not by the sweep: a lifecycle is a sequence of calls over
 time, which no single launch shows.
 """
 

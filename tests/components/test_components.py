@@ -58,7 +58,7 @@ def test_fast(component, check, case):
     if result.status == "skip":  # e.g. batch_prefix or position on a one-row case: nothing to vary
         pytest.skip(result.detail)
     # "reference path": fast ran the reference here (outside its kernel's envelope), agreement
-    # checked against the oracle; the sweep reports it apart, tests/test_harness_fast_path.py covers it.
+    # checked against the oracle; the sweep reports it apart, tests/harness/test_harness_fast_path.py covers it.
     assert result.status in ("pass", "reference path"), (
         f"{result.status}: {result.detail}\n  where: {result.where}\n  repro: {result.repro}"
     )

@@ -33,7 +33,7 @@ from batchinv.harness.subjects import Subject, Unsupported, bound_call
 from batchinv.reference.fp8_gemm import fp8_gemm as reference_fp8_gemm
 
 ADAPTER = "batchinv.harness.adapters.flashinfer"
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAMES = ("cutlass", "cutlass_autotuned", "cublas", "cublas_autotuned", "cudnn", "cudnn_autotuned", "auto",
          "auto_autotuned")  # fmt: skip
 

@@ -4,7 +4,7 @@ int64 bounds, dispatch, the config table, bad input and hypothesis properties.
 Expected outputs come from a pure-Python oracle (:func:`oracle`, an unsigned formulation of the
 key written independently of both implementations) or are written out by hand; never from the
 code under test.  The registry-driven checks (agreement, invariance sweeps, negative controls
-over the sweep) live in ``tests/test_components.py``.
+over the sweep) live in ``tests/components/test_components.py``.
 """
 
 from __future__ import annotations

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 from decode_plan_guards import GUARDS, GuardFailed
-from mutants import LIFECYCLE_MUTANTS, MUTANTS, Mutant
-from mutants.emulated import round_to_tf32
 
 from batchinv.harness.compare import compare_exact, compare_tolerance
 from batchinv.harness.components import matmul as matmul_component
@@ -29,6 +27,8 @@ from batchinv.harness.sweep import SweepOutcome, run_sweep
 from batchinv.reference import matmul as ref_matmul
 from batchinv.reference.exact import round_once
 from batchinv.reference.matmul import weight_kn
+from mutants import LIFECYCLE_MUTANTS, MUTANTS, Mutant
+from mutants.emulated import round_to_tf32
 
 
 @dataclass(frozen=True)
@@ -185,8 +185,8 @@ def test_gpu_matmul_cases_judge_the_precision_mutants(case: Case) -> None:
 #
 # A lifecycle is a sequence of calls over time (cold start, record, build, install, the kernel's
 # read), which no single launch of the sweep shows: each lifecycle mutant names the guards of
-# tests/decode_plan_guards.py that must fail on it -- with GuardFailed, the property broken, never
-# another exception -- while the shipped lifecycle passes every guard (tests/test_decode_partition_plan.py
+# tests/support/decode_plan_guards.py that must fail on it -- with GuardFailed, the property broken, never
+# another exception -- while the shipped lifecycle passes every guard (tests/components/test_decode_partition_plan.py
 # runs each as the test of its name).
 
 

@@ -5,7 +5,7 @@ Expected outputs are written out by hand from the math (exact powers of two, one
 NaN rows), or come from Python's double-precision ``math`` module or the fp64 reference with
 the component's derived bound; never from the code under test.  The registry-driven checks
 (agreement and invariance over the sweep, negative controls, error inputs) live in
-``tests/test_components.py``.
+``tests/components/test_components.py``.
 """
 
 from __future__ import annotations

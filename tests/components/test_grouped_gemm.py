@@ -4,7 +4,7 @@ per-token invariance in an expert's M, the per-slot input, and the block_m check
 
 Expected values come from hand-written layouts or the fp64 reference; the registry-driven
 checks (agreement, co_batch, slot, placement, repeat, negative controls) live in
-``tests/test_components.py``.
+``tests/components/test_components.py``.
 """
 
 from __future__ import annotations

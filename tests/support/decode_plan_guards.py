@@ -2,8 +2,8 @@
 
 Each guard takes a server class (the subject: the shipped ``DecodePlanServer`` or a mutant of it
 from ``tests/mutants/lifecycle.py``, same constructor) and raises :class:`GuardFailed` when the
-property it is named after does not hold.  ``tests/test_decode_partition_plan.py`` runs each on
-the shipped server as a test of the same name (``test_<guard>``); ``tests/test_mutants.py``
+property it is named after does not hold.  ``tests/components/test_decode_partition_plan.py`` runs each on
+the shipped server as a test of the same name (``test_<guard>``); ``tests/mutants/test_mutants.py``
 runs the guards a lifecycle mutant names and requires each to fail -- with ``GuardFailed``,
 never another exception (a crash is not a detection).
 

@@ -91,7 +91,7 @@ def test_negative_control_raises_variance_detected_only_for_variance():
 
 
 def test_pytest_negative_controls_fail_on_a_crash_and_on_no_variance(tmp_path):
-    """The strict xfail of tests/test_components.py, on planted baselines, in a real pytest run."""
+    """The strict xfail of tests/components/test_components.py, on planted baselines, in a real pytest run."""
     (tmp_path / "test_planted.py").write_text(
         textwrap.dedent(
             """

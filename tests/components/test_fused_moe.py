@@ -2,7 +2,7 @@
 (bitwise), the weights are applied exactly once in every (on_input, renormalize) combination,
 the generator's tokens route identically on fast and reference logits, and a token's bits do
 not depend on its experts' M.  The registry-driven checks (agreement, co_batch, slot,
-placement, repeat, the negative control, error cases) live in ``tests/test_components.py``.
+placement, repeat, the negative control, error cases) live in ``tests/components/test_components.py``.
 """
 
 from __future__ import annotations

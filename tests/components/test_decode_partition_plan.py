@@ -1,9 +1,9 @@
 """``decode_partition_plan`` (seed 003): the covering property, what the request checks compare,
 the negative control caught by each request check, and the plan lifecycle's guards.
 
-The registry-driven tests (tests/test_components.py) run agreement, co_batch, slot, placement,
+The registry-driven tests (tests/components/test_components.py) run agreement, co_batch, slot, placement,
 partition and repeat on every case, the token-balanced negative control and the error inputs;
-tests/test_mutants.py plants the planner's and the lifecycle's regressions.
+tests/mutants/test_mutants.py plants the planner's and the lifecycle's regressions.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ below ``importorskip("vllm")``): loading vLLM's kernels leaves ``os.environ``, t
 functions and the aten dispatch table as they were (negative control: vLLM's own
 ``enable_batch_invariant_mode()`` changes them and the probe sees it), the kernels are judged
 as subjects, and the bf16 matmul is a skip on the cpu lane.
-``tests/test_packaging.py`` checks that ``import batchinv.harness`` never imports vLLM; in
+``tests/integration/test_packaging.py`` checks that ``import batchinv.harness`` never imports vLLM; in
 ``ci/vllm.sh``'s venv, where vLLM is installed, that test has teeth.
 """
 

@@ -13,7 +13,7 @@ import torch
 from batchinv.reference import fp8_gemm as ref
 
 pytestmark = pytest.mark.cpu
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _snippet() -> str:

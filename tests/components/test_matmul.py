@@ -4,7 +4,7 @@ from bf16 without a bf16 round trip, 64-bit offsets, bad input, hypothesis prope
 
 Expected values are the fp64 reference with the derived bound, or small cases worked out by
 hand in the comments; never the code under test.  The registry-driven checks (agreement,
-invariance sweeps, negative controls) live in ``tests/test_components.py``.
+invariance sweeps, negative controls) live in ``tests/components/test_components.py``.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: Source folder -> the import package it installs as (pyproject's package-dir).
 FLOORS: dict[str, str] = {
     "reference": "batchinv.reference",

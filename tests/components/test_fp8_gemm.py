@@ -1,7 +1,7 @@
 """fp8_gemm (issue 12): the tables, the exact envelope, the e4m3 conversion, the bounds' teeth.
 
 The registry checks (agreement, invariance, config_equivalence, negative controls) run through
-tests/test_components.py; the planted mutants through tests/test_mutants.py.
+tests/components/test_components.py; the planted mutants through tests/mutants/test_mutants.py.
 """
 
 from __future__ import annotations
