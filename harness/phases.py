@@ -112,9 +112,35 @@ class PhasePlan:
         return len(self.base) + len(self.others)
 
 
-#: Per request of the case: its query rows by position, ``q [L, ...]`` (one row per position
-#: ``0 .. L - 1``), and its index rows ``[L, K]`` (sparse) or None.
-Rows = Mapping[int, tuple[torch.Tensor, torch.Tensor | None]]
+@dataclass(frozen=True)
+class Rows:
+    """The query rows of the positions a plan uses, per request of the case.
+
+    Attributes:
+        q: per request, its query rows ``[n, ...]`` (one per used position, in increasing order).
+        indices: per request, its index rows ``[n, K]`` (sparse) or None.
+        at: per request, the row of ``q`` (and ``indices``) each used position has.
+    """
+
+    q: Mapping[int, torch.Tensor]
+    indices: Mapping[int, torch.Tensor | None]
+    at: Mapping[int, Mapping[int, int]]
+
+    def _select(self, t: torch.Tensor, piece: Piece) -> torch.Tensor:
+        at = self.at[piece.request]
+        idx = torch.tensor([at[p] for p in range(piece.first, piece.last + 1)], device=t.device)
+        return t.index_select(0, idx)
+
+    def q_of(self, piece: Piece) -> torch.Tensor:
+        """The piece's query rows, ``[q_len, ...]``."""
+        return self._select(self.q[piece.request], piece)
+
+    def indices_of(self, piece: Piece) -> torch.Tensor:
+        """The piece's index rows, ``[q_len, K]`` (sparse models only)."""
+        t = self.indices[piece.request]
+        if t is None:
+            raise ValueError("Rows.indices_of: a dense case has no index rows")
+        return self._select(t, piece)
 
 
 class PhaseModel:
@@ -176,38 +202,40 @@ class PhaseModel:
         """Query rows of every position in ``used[r]`` of each request r: the case's own rows
         where it has them (its last q_len positions; sparse: if their indices are all ``<= p``),
         drawn from ``generator`` elsewhere (q from a standard normal in q's dtype; sparse:
-        ``1 .. K`` distinct ascending positions ``<= p`` and a -1 tail).  Rows of unused positions
-        are zero (never read)."""
-        out: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        ``1 .. K`` distinct ascending positions ``<= p`` and a -1 tail)."""
+        qs: dict[int, torch.Tensor] = {}
+        idxs: dict[int, torch.Tensor | None] = {}
+        ats: dict[int, dict[int, int]] = {}
         lengths = self.lengths(batch)
         for r, wanted in used.items():
             length = lengths[r]
             own_q, own_idx = self.case_rows(batch, r)
-            q_len = own_q.shape[0]
-            q = torch.zeros((length, *own_q.shape[1:]), dtype=own_q.dtype, device=own_q.device)
-            idx = None
-            if own_idx is not None:
-                idx = torch.full((length, own_idx.shape[1]), -1, dtype=own_idx.dtype, device=own_idx.device)
+            start = length - own_q.shape[0]  # the position of the case's first own row
             need = sorted(set(wanted))
-            fresh = [p for p in need if p < length - q_len]
-            own = [p for p in need if p >= length - q_len]
+            ats[r] = {p: i for i, p in enumerate(need)}
+            q = torch.zeros((len(need), *own_q.shape[1:]), dtype=own_q.dtype, device=own_q.device)
+            fresh = [i for i, p in enumerate(need) if p < start]
             if fresh:
                 drawn = torch.randn((len(fresh), *own_q.shape[1:]), generator=generator)
                 q[torch.tensor(fresh, device=q.device)] = drawn.to(q.dtype).to(q.device)
-            for p in own:
-                q[p] = own_q[p - (length - q_len)]
-            if idx is not None and own_idx is not None:
-                k = idx.shape[1]
-                for p in need:
-                    row = own_idx[p - (length - q_len)] if p >= length - q_len else None
+            for i, p in enumerate(need):
+                if p >= start:
+                    q[i] = own_q[p - start]
+            qs[r] = q
+            idxs[r] = None
+            if own_idx is not None:
+                k = own_idx.shape[1]
+                idx = torch.full((len(need), k), -1, dtype=own_idx.dtype, device=own_idx.device)
+                for i, p in enumerate(need):
+                    row = own_idx[p - start] if p >= start else None
                     if row is not None and bool((row <= p).all()):
-                        idx[p] = row
+                        idx[i] = row
                         continue
                     count = int(torch.randint(1, min(k, p + 1) + 1, (1,), generator=generator))
                     chosen = torch.randperm(p + 1, generator=generator)[:count].sort().values
-                    idx[p, :count] = chosen.to(idx.dtype).to(idx.device)
-            out[r] = (q, idx)
-        return out
+                    idx[i, :count] = chosen.to(idx.dtype).to(idx.device)
+                idxs[r] = idx
+        return Rows(qs, idxs, ats)
 
 
 def _rng(seed: int, request: int, salt: int) -> torch.Generator:
@@ -377,7 +405,7 @@ class PrefillPhaseModel(PhaseModel):
 
     def pack(self, batch: Batch, rows: Rows, pieces: Sequence[Piece]) -> Batch:
         kw = dict(batch.kwargs())
-        q = torch.cat([rows[p.request][0][p.first : p.last + 1] for p in pieces])
+        q = torch.cat([rows.q_of(p) for p in pieces])
         cu = [0]
         for p in pieces:
             cu.append(cu[-1] + p.q_len)
@@ -390,12 +418,7 @@ class PrefillPhaseModel(PhaseModel):
         )
         kw["block_table"] = table.index_select(0, req)
         if kw.get("indices") is not None:
-            parts = []
-            for p in pieces:
-                idx = rows[p.request][1]
-                assert idx is not None
-                parts.append(idx[p.first : p.last + 1])
-            kw["indices"] = torch.cat(parts)
+            kw["indices"] = torch.cat([rows.indices_of(p) for p in pieces])
         return _like_source(batch, kw)
 
     def unpack(self, outputs: Outputs, pieces: Sequence[Piece]) -> list[Outputs]:
@@ -439,18 +462,13 @@ class DecodePhaseModel(PhaseModel):
         kw = dict(batch.kwargs())
         table = kw["block_table"]
         req = torch.tensor([p.request for p in pieces], dtype=torch.long, device=table.device)
-        kw["q"] = torch.stack([rows[p.request][0][p.first : p.last + 1] for p in pieces])
+        kw["q"] = torch.stack([rows.q_of(p) for p in pieces])
         kw["seq_lens"] = torch.tensor(
             [p.last + 1 for p in pieces], dtype=kw["seq_lens"].dtype, device=kw["seq_lens"].device
         )
         kw["block_table"] = table.index_select(0, req)
         if kw.get("indices") is not None:
-            parts = []
-            for p in pieces:
-                idx = rows[p.request][1]
-                assert idx is not None
-                parts.append(idx[p.first : p.last + 1])
-            kw["indices"] = torch.stack(parts)
+            kw["indices"] = torch.stack([rows.indices_of(p) for p in pieces])
         return _like_source(batch, kw)
 
     def unpack(self, outputs: Outputs, pieces: Sequence[Piece]) -> list[Outputs]:
