@@ -287,14 +287,21 @@ def positions(length: int, page_size: int, splits: Sequence[int], seed: int, req
 def _verify_pieces(
     request: int, length: int, points: Sequence[int], q_len: int, seed: int, label: str
 ) -> list[Piece]:
-    """Pieces of ``q_len`` rows holding each position of ``points``, at a slot drawn from the
-    seed (clamped to the request: a piece is inside ``0 .. length - 1``), each window once."""
+    """Windows of ``q_len`` rows holding every position of ``points``: the lowest position not
+    yet held opens a window at a slot drawn from the seed (clamped to the request: a window is
+    inside ``0 .. length - 1``), which holds every point it covers (points a few positions apart,
+    a split multiple -1, 0 and +1, share a window, at different slots)."""
     if length < q_len:
         return []
     g = _rng(seed, request, 10 + q_len)
-    slots = torch.randint(0, q_len, (len(points),), generator=g).tolist()
-    firsts = sorted({min(max(p - j, 0), length - q_len) for p, j in zip(points, slots, strict=True)})
-    return [Piece(request, f, f + q_len - 1, label) for f in firsts]
+    pieces: list[Piece] = []
+    for p in sorted(points):
+        if pieces and pieces[-1].first <= p <= pieces[-1].last:
+            continue
+        slot = int(torch.randint(0, q_len, (1,), generator=g))
+        first = min(max(p - slot, 0), length - q_len)
+        pieces.append(Piece(request, first, first + q_len - 1, label))
+    return pieces
 
 
 def plan(model: PhaseModel, batch: Batch, targets: Sequence[int], seed: int) -> PhasePlan:
