@@ -37,6 +37,7 @@ from batchinv.harness.lanes import Lane, lane_device
 from batchinv.harness.registry import (
     CHECKS,
     INVARIANCE_CHECKS,
+    PHASE_CHECKS,
     REQUEST_CHECKS,
     ROW_CHECKS,
     ROW_OFFSET_RANDOM,
@@ -328,6 +329,8 @@ def _not_applicable(run: _Run) -> str:
         return f"nothing to compare: the case has no {unit}"
     if check in REQUEST_CHECKS and component.requests is None:
         return "a row-wise component has no request model"
+    if check in PHASE_CHECKS and component.phase is None:
+        return "the component declares no phase model (Component.phase): it has no phases to compare"
     if check in ROW_CHECKS and check not in ("partition", "repeat") and component.requests is not None:
         return f"{check} is a row check; this component is request-level"
     return ""
@@ -486,6 +489,16 @@ def _placement(run: _Run) -> invariance.DriverResult:
     return invariance.placement(run.call, run.batch, _request_model(run), run.generator)
 
 
+def _phase(run: _Run) -> invariance.DriverResult:
+    """phase of a request-level attention component: its phase model's launches (at most
+    :data:`phases.MAX_LAUNCHES`, cut points and positions from the case seed plus the mandatory
+    page boundaries and split multiples +-1) over the first, the last and a random request."""
+    model = run.component.phase
+    assert model is not None  # _not_applicable skips components without one
+    targets = invariance.request_targets(len(model.lengths(run.batch)), run.generator)
+    return invariance.phase(run.call, run.batch, model, targets, run.case.seed)
+
+
 #: Every check's driver, by name, in :data:`registry.CHECKS` order (the sweep's and the report's
 #: column order).  The registry owns the names (components validate theirs against them without
 #: importing this module); this table must name exactly those, in that order: an import-time error
@@ -501,6 +514,7 @@ DRIVERS: Mapping[str, Driver] = MappingProxyType(
         "co_batch": _co_batch,
         "slot": _slot,
         "placement": _placement,
+        "phase": _phase,
         "config_equivalence": _config_equivalence,
         "modes": _modes_check,
     }

@@ -7,17 +7,22 @@ position, on row_start or on the partition count, and watch each driver catch it
 The request drivers (:func:`co_batch`, :func:`slot`, :func:`placement`) also take the
 component's :class:`~batchinv.harness.registry.RequestModel`, which splits, joins and relocates
 requests; they compare a request's every output with the request's own outputs alone.
+:func:`phase` takes a :class:`~batchinv.harness.phases.PhaseModel`, which re-launches query rows
+in other phases (full and chunked prefill, decode, speculative verify).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
+from batchinv.harness import phases
 from batchinv.harness.compare import BitwiseReport, compare_bitwise
+from batchinv.harness.phases import PhaseModel, Piece
 from batchinv.harness.registry import CO_BATCH_SIZES, Batch, Outputs, RequestModel, as_outputs
 
 Impl = Callable[[Batch], Outputs]
@@ -408,3 +413,91 @@ def placement(
         got = _call(fn, model.relocate(batch, generator))
         result.record(f"relocation {i + 1}", compare_outputs(expected, got))
     return result
+
+
+# --- the phase driver -------------------------------------------------------------------------
+
+
+def _element(out_name: str, shape: Sequence[int], col: int) -> str:
+    """``"o head 2, column 5"`` for flat column ``col`` of a row of trailing ``shape``."""
+    if len(shape) == 0:
+        return out_name
+    if len(shape) == 1:
+        return f"{out_name} head {col}"
+    inner = math.prod(shape[1:])
+    return f"{out_name} head {col // inner}, column {col % inner}"
+
+
+def phase(fn: Impl, batch: Batch, model: PhaseModel, targets: Sequence[int], seed: int) -> DriverResult:
+    """A query row's bits do not depend on the phase that computed it.
+
+    For the requests ``targets`` of ``batch``, :func:`batchinv.harness.phases.plan` gives the
+    launches (at most :data:`~batchinv.harness.phases.MAX_LAUNCHES`): the base phase (a full
+    prefill of each request; decode steps, q_len 1, for a model with one q_len per launch) and the
+    others (chunked prefills cut at page boundaries, split multiples +-1 and seeded points; decode
+    steps; speculative verifies of q_len 2 and 4; a mixed launch of prefills and decode steps),
+    all over the same KV cache.  Each row of every other launch, by (request, position), must
+    equal the base's row bitwise, every output.  A failure names the request, the position, both
+    phases and the first differing element (head, column) with both values' bits."""
+    result = DriverResult(vacuous="no row has another phase (every request too short to re-launch)")
+    plan = phases.plan(model, batch, targets, seed)
+    rows = model.queries(batch, phases.used_positions(plan), torch.Generator().manual_seed(seed + 4049))
+    expected: dict[tuple[int, int], Outputs] = {}
+    for launch in plan.base:
+        outs = _call(fn, model.pack(batch, rows, launch.pieces))
+        for piece, got in zip(launch.pieces, model.unpack(outs, launch.pieces), strict=True):
+            for i in range(piece.q_len):
+                expected[(piece.request, piece.first + i)] = tuple(o[i : i + 1] for o in got)
+    compared: set[tuple[int, int]] = set()
+    for launch in plan.others:
+        outs = _call(fn, model.pack(batch, rows, launch.pieces))
+        for piece, got in zip(launch.pieces, model.unpack(outs, launch.pieces), strict=True):
+            at = [piece.first + i for i in range(piece.q_len) if (piece.request, piece.first + i) in expected]
+            if not at:
+                continue
+            local = [p - piece.first for p in at]
+            want = tuple(torch.cat([expected[(piece.request, p)][k] for p in at]) for k in range(len(got)))
+            have = tuple(o[local] for o in got)
+            reports = compare_outputs(want, have)
+            compared.update((piece.request, p) for p in at)
+            span = f"position {at[0]}" if len(at) == 1 else f"positions {at[0]}..{at[-1]}"
+            label = f"request {piece.request}, {span}: {plan.base_phase} vs {piece.phase}"
+            first_bad = not result.detail
+            result.record(label, reports, [piece.request * 1_000_003 + p for p in at])
+            if first_bad and result.detail:
+                k, report = next((k, r) for k, r in enumerate(reports) if not r.equal)
+                result.detail = _phase_detail(model, plan.base_phase, piece, at, k, report, want[k])
+                if report.first is not None:
+                    pos = at[report.first.row]
+                    result.first_difference = (
+                        f"request {piece.request}, position {pos}: {plan.base_phase} vs {piece.phase}"
+                    )
+    result.rows_total = len(compared)
+    return result
+
+
+def _phase_detail(
+    model: PhaseModel,
+    base_phase: str,
+    piece: Piece,
+    at: Sequence[int],
+    k: int,
+    report: BitwiseReport,
+    want: torch.Tensor,
+) -> str:
+    """The first failure of :func:`phase`: where, which phases, which element, both bits."""
+    names = model.output_names
+    name = names[k] if k < len(names) else f"output {k}"
+    where = f"request {piece.request}"
+    if report.first is None:  # a dtype or shape mismatch
+        return f"{where}: {base_phase} vs {piece.phase}: {name}: {report}"
+    first = report.first
+    element = _element(name, tuple(want.shape[1:]), first.col)
+    return (
+        f"{where}, position {at[first.row]}: {base_phase} vs {piece.phase}: {element}: "
+        f"{base_phase} {first.expected_bits} ({first.expected_value}), "
+        f"{piece.phase} {first.actual_bits} ({first.actual_value}) "
+        f"[{report.rows_differing}/{report.rows_total} rows of the piece differ"
+        + ("" if report.worst_ulp is None else f", worst {report.worst_ulp:g} ULP")
+        + "]"
+    )

@@ -27,11 +27,14 @@ import importlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from batchinv.harness.lanes import Lane
+
+if TYPE_CHECKING:  # harness.phases imports this module
+    from batchinv.harness.phases import PhaseModel
 
 #: The one list of registered components (module names under ``batchinv.harness.components``).
 COMPONENT_MODULES: tuple[str, ...] = (
@@ -278,6 +281,10 @@ class ErrorCase:
 ROW_CHECKS: tuple[str, ...] = ("batch_prefix", "position", "row_start", "partition", "repeat")
 #: The request-level invariance checks (components with ``requests``), after the row checks.
 REQUEST_CHECKS: tuple[str, ...] = ("co_batch", "slot", "placement")
+#: The check of request-level attention components with a phase model (``Component.phase``),
+#: after the request checks: a query row's bits do not depend on the phase that computed it
+#: (full prefill, chunked prefill over a cached prefix, decode, speculative verify).
+PHASE_CHECKS: tuple[str, ...] = ("phase",)
 #: The checks of components with several executions (``Component.configs``): every config the
 #: launcher may pick gives the shipped one's bits.
 CONFIG_CHECKS: tuple[str, ...] = ("config_equivalence",)
@@ -285,7 +292,13 @@ CONFIG_CHECKS: tuple[str, ...] = ("config_equivalence",)
 #: CUDA-graph runs give the same bits, and rows stay invariant along M in the compiled graph.
 MODE_CHECKS: tuple[str, ...] = ("modes",)
 #: Every invariance check, in sweep order.
-INVARIANCE_CHECKS: tuple[str, ...] = (*ROW_CHECKS, *REQUEST_CHECKS, *CONFIG_CHECKS, *MODE_CHECKS)
+INVARIANCE_CHECKS: tuple[str, ...] = (
+    *ROW_CHECKS,
+    *REQUEST_CHECKS,
+    *PHASE_CHECKS,
+    *CONFIG_CHECKS,
+    *MODE_CHECKS,
+)
 #: Every check, in sweep order (the column order of the sweep's table and the report).  Each has
 #: exactly one driver in ``harness.checks.DRIVERS``, which names these in this order (checked when
 #: ``harness.checks`` is imported: that module imports this one, never the reverse).
@@ -394,8 +407,8 @@ class Component:
             would compare the reference with itself.  Required when ``fast_path`` is given.
         requests: set for a request-level component: its :class:`RequestModel`.  Its outputs
             have dim 0 = request (e.g. ``o [R, Q, Hq, D]``, ``lse [R, Q, Hq]``) and its checks are
-            agreement, co_batch, slot, placement, partition (with ``partition_arg``) and repeat,
-            never batch_prefix, position or row_start.
+            agreement, co_batch, slot, placement, phase (with ``phase``), partition (with
+            ``partition_arg``) and repeat, never batch_prefix, position or row_start.
         checks: None (the default): the checks follow from the fields above (see
             :meth:`applicable_checks`).  Otherwise the explicit set of checks that apply, a
             subset of :data:`CHECKS` with "agreement"; for a *global* component whose output
@@ -418,6 +431,13 @@ class Component:
             ``config_equivalence`` (``checks.negative_control`` raises ``VarianceDetected``
             naming the config); the check skips the other baselines.
             None: the component has one execution; the check does not apply.
+        phase: a request-level attention component's :class:`~batchinv.harness.phases.PhaseModel`:
+            how its query rows are re-launched, over the same KV cache, in other phases (a full
+            prefill, a chunked prefill over a cached prefix cut at page boundaries and split
+            multiples +-1, decode steps at q_len 1, speculative verifies at q_len 2 and 4, mixed
+            launches; a model with one q_len per launch -- decode -- the q_len 1, 2, 4 ones).  It
+            turns on the ``phase`` check: each row's outputs, by (request, position), bitwise equal
+            in every phase.  None: the check does not apply (a direct run skips it, saying so).
     """
 
     name: str
@@ -443,6 +463,7 @@ class Component:
     checks: tuple[str, ...] | None = None
     configs: Callable[[Batch, Lane], Mapping[str, Callable[..., Any]]] | None = None
     torch_op: Callable[..., Any] | None = None
+    phase: PhaseModel | None = None
 
     def __post_init__(self) -> None:
         if self.checks is not None:
@@ -482,10 +503,11 @@ class Component:
     def _derived_checks(self) -> tuple[str, ...]:
         configs = CONFIG_CHECKS if self.configs is not None else ()
         modes = MODE_CHECKS if self.torch_op is not None else ()
+        phase = PHASE_CHECKS if self.phase is not None else ()
         if self.requests is not None:
             partition = ("partition",) if self.partition_arg is not None else ()
-            return ("agreement", *REQUEST_CHECKS, *partition, "repeat", *configs, *modes)
-        skip = set(REQUEST_CHECKS)
+            return ("agreement", *REQUEST_CHECKS, *phase, *partition, "repeat", *configs, *modes)
+        skip = set(REQUEST_CHECKS) | set(PHASE_CHECKS)
         if self.configs is None:
             skip.update(CONFIG_CHECKS)
         if self.torch_op is None:

@@ -7,6 +7,11 @@
 * :func:`sdpa_padded`: ``torch.nn.functional.scaled_dot_product_attention`` on the padded batch
   (each request's KV gathered and padded to the longest context with a mask): the kernel and its
   reduction order are picked by torch from the padded shape, i.e. from the batch.
+* :func:`verify_splits`: the same split-KV kernel with a split size that depends on the launch's
+  q_len -- decode's at q_len 1, twice it for a speculative verify (q_len > 1) -- as a stack with
+  a separately tuned verify (or prefill) path does: invariant along the batch, so the request
+  checks pass, but a token's split boundaries and merge tree depend on the phase that computes
+  it.  The negative control of the ``phase`` check.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from batchinv.fast.decode_attention import DecodeAttentionConfig, decode_attenti
 from batchinv.fast.device import arch, check_launch_device, interpreting, sm_count
 from batchinv.reference.decode_attention import check_decode_attention_arguments, fp32_scale
 
-__all__ = ["PRETEND_SM_COUNT", "batch_planned_splits", "planned_config", "sdpa_padded"]
+__all__ = ["PRETEND_SM_COUNT", "batch_planned_splits", "planned_config", "sdpa_padded", "verify_splits"]
 
 #: The SM count the batch planner assumes on the cpu lane (an H100/H200 has 132).
 PRETEND_SM_COUNT = 132
@@ -61,6 +66,28 @@ def batch_planned_splits(
         longest = shape.max_pages * shape.page_size
     num_sms = PRETEND_SM_COUNT if interpreting() else sm_count(q.device)
     config = planned_config(base, shape.num_requests, shape.num_kv_heads, longest, num_sms)
+    return launch(q, k_cache, v_cache, block_table, seq_lens, scale, indices, shape, config)
+
+
+def verify_splits(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    indices: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pinned kernel with its split chosen by phase: the table's ``split_tokens`` at q_len
+    1 (decode), twice it at q_len > 1 (speculative verify).  Shapes and outputs as
+    :func:`batchinv.fast.decode_attention.decode_attention`; the same tokens decoded at q_len 1
+    and verified at q_len 2 or 4 get other split boundaries, so other bits past one split."""
+    shape = check_decode_attention_arguments(q, k_cache, v_cache, block_table, seq_lens, scale, indices)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_launch_device(name, t)
+    config = decode_attention_config(arch(q.device), shape.head_dim, q.dtype)
+    if q.shape[1] > 1:
+        config = dataclasses.replace(config, split_tokens=2 * config.split_tokens)
     return launch(q, k_cache, v_cache, block_table, seq_lens, scale, indices, shape, config)
 
 

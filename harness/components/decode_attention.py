@@ -3,10 +3,12 @@ inputs, and its paged request model (:data:`PAGED`, a
 :class:`~batchinv.harness.requests.PagedLayout`: :func:`take`, :func:`concat`, :func:`relocate`).
 
 The registry entry, :data:`COMPONENT`, is at the end: a request-level component (its
-``RequestModel`` is :data:`PAGED`'s take / concat / relocate and :func:`neighbours`), checked for agreement,
-co_batch, slot, placement and repeat.  co_batch puts each target request among other requests
-of four length mixes (:func:`neighbours`: long, short, equal, and one huge, 2x the case's
-longest context on the cpu lane, 4x on GPU lanes), one mix per (target, co-batch size) pair.
+``RequestModel`` is :data:`PAGED`'s take / concat / relocate and :func:`neighbours`), checked for
+agreement, co_batch, slot, placement, phase (decode steps vs speculative verifies of the same
+positions: :class:`~batchinv.harness.phases.DecodePhaseModel`) and repeat.  co_batch puts each
+target request among other requests of four length mixes (:func:`neighbours`: long, short, equal,
+and one huge, 2x the case's longest context on the cpu lane, 4x on GPU lanes), one mix per
+(target, co-batch size) pair.
 
 A :class:`Batch` of this component holds, per request (``rows``, dim 0 = requests): ``q``
 (R, Q, Hq, D), ``seq_lens`` (R,), ``block_table`` (R, T) and, in sparse cases, ``indices``
@@ -28,6 +30,7 @@ import torch
 from batchinv.fast import decode_attention as fast_attention
 from batchinv.fast.baselines import decode_attention as baselines
 from batchinv.harness.lanes import Lane
+from batchinv.harness.phases import DecodePhaseModel
 from batchinv.harness.registry import Baseline, Batch, Case, Component, ErrorCase, Toleranced
 from batchinv.harness.requests import PagedLayout, nan_filled_pages, nan_tails, pages_needed, table_padding
 from batchinv.reference import decode_attention as ref_attention
@@ -649,6 +652,19 @@ def exact(batch: Batch, reference: tuple[torch.Tensor, ...]) -> tuple[torch.Tens
     return mask_o.to(q.device), no_lse.to(q.device)
 
 
+def split_tokens(batch: Batch) -> tuple[int, ...]:
+    """The fast kernel's split size on the batch's device (its config table's entry): the
+    phase check's mandatory positions are its multiples +-1."""
+    from batchinv.fast.decode_attention import decode_attention_config
+    from batchinv.fast.device import arch
+
+    q = batch.rows["q"]
+    try:
+        return (decode_attention_config(arch(q.device), q.shape[-1], q.dtype).split_tokens,)
+    except ArgumentError:
+        return ()
+
+
 def out_dtypes(batch: Batch) -> tuple[torch.dtype, ...]:
     """``o`` in q's dtype, ``lse`` in fp32."""
     return (batch.rows["q"].dtype, torch.float32)
@@ -672,6 +688,13 @@ COMPONENT = Component(
             "torch scaled_dot_product_attention on the padded batch (backend and tiling chosen per "
             "launch shape); reported, not required to vary",
             expected_to_vary_on=frozenset(),
+        ),
+        Baseline(
+            "verify_splits",
+            baselines.verify_splits,
+            "a separately tuned verify path: q_len > 1 launches use twice decode's split size, so a "
+            "token's split boundaries and merge tree depend on the phase that computes it (decode "
+            "q_len 1 vs speculative verify); invariant along the batch, caught by the phase check",
         ),
     ),
     cases=cases,
@@ -700,4 +723,5 @@ COMPONENT = Component(
     bench_cases=bench_cases,
     bench_bytes=bench_bytes,
     requests=PAGED.model(neighbours=neighbours),
+    phase=DecodePhaseModel(split_tokens),
 )

@@ -214,6 +214,7 @@ def test_the_request_checks_follow_the_row_checks_and_apply_only_to_request_leve
         "co_batch",
         "slot",
         "placement",
+        "phase",
         "config_equivalence",
         "modes",
     )
