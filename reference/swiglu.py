@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from batchinv.reference.errors import ArgumentError, DTypeError, check_same_device, check_tensor
+from batchinv.reference.exact import power_of_two
 
 #: Dtypes of gate_up (the grouped GEMM's output); scale is fp32.
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
@@ -253,5 +254,5 @@ def tight_bound(
     big = reference.abs() + err32
     exponent = torch.floor(torch.log2(torch.where(big > 0, big, torch.ones_like(big))))
     exponent = torch.clamp(torch.nan_to_num(exponent, nan=0.0, posinf=0.0), min=emin)
-    half_ulp = torch.exp2(exponent - p)
+    half_ulp = power_of_two(exponent - p)  # exact; CUDA's pow/exp2 are not correctly rounded
     return err32 + half_ulp
