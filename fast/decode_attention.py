@@ -86,6 +86,16 @@ def _table() -> dict[tuple[str, int, torch.dtype], DecodeAttentionConfig]:
             table[("interp", head_dim, dtype)] = DecodeAttentionConfig(
                 split_tokens=32, block_n=16, num_warps=1, tensor_cores=False
             )
+    # fp32 (dense SDPA through ``enable()``, e.g. a float32 model): fp32 IEEE dots on every
+    # device -- a 16-bit tensor-core dot would round q and k to TF32.
+    for head_dim in (64, 128, 256):
+        table[("gpu", head_dim, torch.float32)] = DecodeAttentionConfig(
+            split_tokens=256, block_n=32, num_warps=4, tensor_cores=False, num_stages=2
+        )
+    for head_dim in (16, 32, 64, 128, 256):
+        table[("interp", head_dim, torch.float32)] = DecodeAttentionConfig(
+            split_tokens=32, block_n=16, num_warps=1, tensor_cores=False
+        )
     return table
 
 
@@ -153,6 +163,9 @@ def launch(
             block_table,
             seq_lens,
             idx,
+            seq_lens,  # row_request, row_keys, row_key_start: unused by the uniform path (HAS_RAGGED False)
+            seq_lens,
+            seq_lens,
             ws_o,
             ws_lse,
             float(scale),
@@ -189,6 +202,7 @@ def launch(
             ws_o,
             ws_lse,
             seq_lens,
+            seq_lens,  # row_keys: unused by the uniform path
             o,
             lse,
             shape.q_len,

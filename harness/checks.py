@@ -37,6 +37,7 @@ from batchinv.harness.lanes import Lane, lane_device
 from batchinv.harness.registry import (
     CHECKS,
     INVARIANCE_CHECKS,
+    PADDING_CHECKS,
     PHASE_CHECKS,
     REQUEST_CHECKS,
     ROW_CHECKS,
@@ -331,6 +332,8 @@ def _not_applicable(run: _Run) -> str:
         return "a row-wise component has no request model"
     if check in PHASE_CHECKS and component.phase is None:
         return "the component declares no phase model (Component.phase): it has no phases to compare"
+    if check in PADDING_CHECKS and (component.padding is None or component.requests is None):
+        return "the component declares no padding model (Component.padding): its launches have no padding"
     if check in ROW_CHECKS and check not in ("partition", "repeat") and component.requests is not None:
         return f"{check} is a row check; this component is request-level"
     return ""
@@ -499,6 +502,22 @@ def _phase(run: _Run) -> invariance.DriverResult:
     return invariance.phase(run.call, run.batch, model, targets, run.case.seed)
 
 
+def _padding(run: _Run) -> invariance.DriverResult:
+    """padding of a dense request-level component: its padding model's amounts on each side,
+    alone and inside batches of the other-length pools of :func:`_pools`."""
+    model = run.component.padding
+    assert model is not None  # _not_applicable skips components without one
+    return invariance.padding(
+        run.call,
+        run.batch,
+        model,
+        _request_model(run),
+        _pools(run, _request_model(run)),
+        run.lane,
+        run.generator,
+    )
+
+
 #: Every check's driver, by name, in :data:`registry.CHECKS` order (the sweep's and the report's
 #: column order).  The registry owns the names (components validate theirs against them without
 #: importing this module); this table must name exactly those, in that order: an import-time error
@@ -515,6 +534,7 @@ DRIVERS: Mapping[str, Driver] = MappingProxyType(
         "slot": _slot,
         "placement": _placement,
         "phase": _phase,
+        "padding": _padding,
         "config_equivalence": _config_equivalence,
         "modes": _modes_check,
     }

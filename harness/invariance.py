@@ -22,8 +22,9 @@ import torch
 
 from batchinv.harness import phases
 from batchinv.harness.compare import BitwiseReport, compare_bitwise
+from batchinv.harness.lanes import Lane
 from batchinv.harness.phases import PhaseModel, Piece
-from batchinv.harness.registry import CO_BATCH_SIZES, Batch, Outputs, RequestModel, as_outputs
+from batchinv.harness.registry import CO_BATCH_SIZES, Batch, Outputs, PaddingModel, RequestModel, as_outputs
 
 Impl = Callable[[Batch], Outputs]
 
@@ -501,3 +502,44 @@ def _phase_detail(
         + ("" if report.worst_ulp is None else f", worst {report.worst_ulp:g} ULP")
         + "]"
     )
+
+
+def padding(
+    fn: Impl,
+    batch: Batch,
+    model: PaddingModel,
+    requests: RequestModel,
+    others: Mapping[str, Batch],
+    lane: Lane,
+    generator: torch.Generator | None = None,
+) -> DriverResult:
+    """A sequence's outputs are the same bits whatever padding its launch puts around it.
+
+    For each target request ``t`` (first, last, random) the expectation is ``t`` alone with no
+    padding (``repad(take(batch, [t]), "right", [0])``).  Then, on each side of ``model.sides``:
+    ``t`` alone padded by every amount of ``model.amounts(lane)``; and ``t`` first inside a batch
+    with the first requests of each pool of other lengths (``others``), padded by the amounts in
+    turn -- so its offset moves with its neighbours' lengths as well.  Each must equal the
+    expectation bitwise (the model keeps outputs canonical: real rows first).  A failure names the
+    request, the side, the amount and the neighbours."""
+    g = generator if generator is not None else torch.Generator().manual_seed(0)
+    result = DriverResult(vacuous="no request to pad")
+    amounts = model.amounts(lane)
+    pools = [(mix, pool) for mix, pool in others.items() if pool.num_rows > 0]
+    for t in request_targets(batch.num_rows, g):
+        alone = requests.take(batch, [t])
+        want = _call(fn, model.repad(alone, "right", [0]))
+        for side in model.sides:
+            for amount in amounts:
+                got = _call(fn, model.repad(alone, side, [amount]))
+                result.record(f"request {t}, {side}-padded by {amount}", compare_outputs(want, got), [t])
+            for i, (mix, pool) in enumerate(pools):
+                k = min(pool.num_rows, 3)
+                mixed = requests.concat([alone, requests.take(pool, list(range(k)))])
+                for amount in (amounts[i % len(amounts)] if amounts else 0,):
+                    got = _rows(_call(fn, model.repad(mixed, side, [amount] + [0] * k)), 0)
+                    label = f"request {t}, {side}-padded by {amount} with {k} others" + (
+                        f" ({mix})" if mix else ""
+                    )
+                    result.record(label, compare_outputs(want, got), [t])
+    return result

@@ -39,6 +39,7 @@ __all__ = [
     "MAX_LAUNCHES",
     "DecodePhaseModel",
     "Launch",
+    "PaddedPrefillPhaseModel",
     "PhaseModel",
     "PhasePlan",
     "Piece",
@@ -480,3 +481,45 @@ class DecodePhaseModel(PhaseModel):
 
     def unpack(self, outputs: Outputs, pieces: Sequence[Piece]) -> list[Outputs]:
         return [tuple(o[i] for o in outputs) for i in range(len(pieces))]
+
+
+class PaddedPrefillPhaseModel(PrefillPhaseModel):
+    """The phase model of a prefill attention laid out request-major, as a registry entry keeps
+    it: ``q [R, q_max, Hq, D]`` with a ``q_lens [R]`` row (request r's new tokens are its rows
+    ``0 .. q_lens[r] - 1``, the others padding never computed), ``seq_lens [R]``,
+    ``block_table [R, M]`` and, sparse, ``indices [R, q_max, K]``; outputs ``o [R, q_max, ...]``
+    and ``lse [R, q_max, Hq]``.  A launch pads its pieces to the longest piece (q zeros, indices
+    -1) and each piece reads back its first ``q_len`` rows."""
+
+    def case_rows(self, batch: Batch, request: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        kw = batch.kwargs()
+        n = int(kw["q_lens"][request])
+        idx = kw.get("indices")
+        return kw["q"][request, :n], None if idx is None else idx[request, :n]
+
+    def pack(self, batch: Batch, rows: Rows, pieces: Sequence[Piece]) -> Batch:
+        kw = dict(batch.kwargs())
+        q_case = kw["q"]
+        width = max(p.q_len for p in pieces)
+        q = torch.zeros((len(pieces), width, *q_case.shape[2:]), dtype=q_case.dtype, device=q_case.device)
+        for i, p in enumerate(pieces):
+            q[i, : p.q_len] = rows.q_of(p)
+        table = kw["block_table"]
+        req = torch.tensor([p.request for p in pieces], dtype=torch.long, device=table.device)
+        kw["q"] = q
+        lens = kw["seq_lens"]
+        kw["q_lens"] = torch.tensor([p.q_len for p in pieces], dtype=kw["q_lens"].dtype, device=lens.device)
+        kw["seq_lens"] = torch.tensor([p.last + 1 for p in pieces], dtype=lens.dtype, device=lens.device)
+        kw["block_table"] = table.index_select(0, req)
+        if kw.get("indices") is not None:
+            idx_case = kw["indices"]
+            idx = torch.full(
+                (len(pieces), width, idx_case.shape[2]), -1, dtype=idx_case.dtype, device=idx_case.device
+            )
+            for i, p in enumerate(pieces):
+                idx[i, : p.q_len] = rows.indices_of(p)
+            kw["indices"] = idx
+        return _like_source(batch, kw)
+
+    def unpack(self, outputs: Outputs, pieces: Sequence[Piece]) -> list[Outputs]:
+        return [tuple(o[i, : p.q_len] for o in outputs) for i, p in enumerate(pieces)]

@@ -58,6 +58,8 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "cuda_graph_buckets",
     "decode_partition_plan",
     "w4a16_nvfp4",
+    "prefill_attention",
+    "sdpa_attention",
 )
 
 #: The default batch-size sweep (docs/DESIGN.md, "Sweep axes"); GPU lanes add 4096.
@@ -285,6 +287,10 @@ REQUEST_CHECKS: tuple[str, ...] = ("co_batch", "slot", "placement")
 #: after the request checks: a query row's bits do not depend on the phase that computed it
 #: (full prefill, chunked prefill over a cached prefix, decode, speculative verify).
 PHASE_CHECKS: tuple[str, ...] = ("phase",)
+#: The check of dense (SDPA-style) request-level components with a padding model
+#: (``Component.padding``): a sequence's bits do not depend on how much padding its launch puts
+#: before or after it.
+PADDING_CHECKS: tuple[str, ...] = ("padding",)
 #: The checks of components with several executions (``Component.configs``): every config the
 #: launcher may pick gives the shipped one's bits.
 CONFIG_CHECKS: tuple[str, ...] = ("config_equivalence",)
@@ -296,6 +302,7 @@ INVARIANCE_CHECKS: tuple[str, ...] = (
     *ROW_CHECKS,
     *REQUEST_CHECKS,
     *PHASE_CHECKS,
+    *PADDING_CHECKS,
     *CONFIG_CHECKS,
     *MODE_CHECKS,
 )
@@ -368,6 +375,57 @@ class RequestModel:
     local: Callable[[Outputs], Outputs] | None = None
 
 
+#: Left and right padding amounts of the padding check on GPU lanes: 0..300 with every tile and
+#: split boundary of the tables (16, 32, 64, 128, 256) +-1.
+PADDING_AMOUNTS: tuple[int, ...] = (
+    0,
+    1,
+    2,
+    7,
+    15,
+    16,
+    17,
+    31,
+    32,
+    33,
+    63,
+    64,
+    65,
+    127,
+    128,
+    129,
+    255,
+    256,
+    257,
+    300,
+)
+#: The cpu lane's: one past the interpreter's chunk (16) and split (32); the interpreter pays per
+#: padded row, so the lane keeps the two shifts that regroup a row's keys.
+PADDING_AMOUNTS_CPU: tuple[int, ...] = (17, 33)
+
+
+@dataclass(frozen=True)
+class PaddingModel:
+    """How a dense (SDPA-style) request-level component's sequences are padded in a launch.
+
+    Attributes:
+        repad: ``repad(batch, side, pads) -> Batch``: the same requests laid out with ``side``
+            ("left" or "right") padding, request r given ``pads[r]`` extra padding positions
+            beyond what the launch's longest request needs (so a request's offset moves with its
+            neighbours' lengths and with ``pads``).  Outputs keep the canonical layout (each
+            request's real rows first), so any two layouts compare row for row.
+        amounts: ``amounts(lane) -> tuple`` of the extra padding amounts the check tries (on
+            each side, alone and inside a batch of other lengths).
+        sides: the padding sides the component's layout has.
+    """
+
+    repad: Callable[[Batch, str, Sequence[int]], Batch]
+    amounts: Callable[[Lane], tuple[int, ...]] = lambda lane: (
+        PADDING_AMOUNTS if lane.is_gpu else PADDING_AMOUNTS_CPU
+    )
+    sides: tuple[str, ...] = ("left", "right")
+
+
 @dataclass(frozen=True)
 class Component:
     """A registry entry.
@@ -438,6 +496,9 @@ class Component:
             launches; a model with one q_len per launch -- decode -- the q_len 1, 2, 4 ones).  It
             turns on the ``phase`` check: each row's outputs, by (request, position), bitwise equal
             in every phase.  None: the check does not apply (a direct run skips it, saying so).
+        padding: a dense request-level component's :class:`PaddingModel`: it turns on the
+            ``padding`` check (a sequence left- and right-padded by every amount, alone and in
+            batches of other lengths, gives the same bits).  None: the check does not apply.
     """
 
     name: str
@@ -464,6 +525,7 @@ class Component:
     configs: Callable[[Batch, Lane], Mapping[str, Callable[..., Any]]] | None = None
     torch_op: Callable[..., Any] | None = None
     phase: PhaseModel | None = None
+    padding: PaddingModel | None = None
 
     def __post_init__(self) -> None:
         if self.checks is not None:
@@ -504,10 +566,11 @@ class Component:
         configs = CONFIG_CHECKS if self.configs is not None else ()
         modes = MODE_CHECKS if self.torch_op is not None else ()
         phase = PHASE_CHECKS if self.phase is not None else ()
+        padding = PADDING_CHECKS if self.padding is not None else ()
         if self.requests is not None:
             partition = ("partition",) if self.partition_arg is not None else ()
-            return ("agreement", *REQUEST_CHECKS, *phase, *partition, "repeat", *configs, *modes)
-        skip = set(REQUEST_CHECKS) | set(PHASE_CHECKS)
+            return ("agreement", *REQUEST_CHECKS, *phase, *padding, *partition, "repeat", *configs, *modes)
+        skip = set(REQUEST_CHECKS) | set(PHASE_CHECKS) | set(PADDING_CHECKS)
         if self.configs is None:
             skip.update(CONFIG_CHECKS)
         if self.torch_op is None:

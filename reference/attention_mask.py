@@ -76,6 +76,7 @@ def visible_key_ranges(
     *,
     is_causal: bool = False,
     alignment: Literal["top_left", "bottom_right"] = "top_left",
+    validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each query row's visible keys as one contiguous range ``[start, end)``.
 
@@ -97,6 +98,11 @@ def visible_key_ranges(
         its documented reference refuses a mask with it (``assert attn_mask is None``), while
         torch 2.13's CPU math path takes the intersection, as this does.
     alignment : "top_left" (default, SDPA's ``is_causal``) or "bottom_right"
+    validate : bool
+        Check the additive values and each row's contiguity (both read the mask on the host).
+        False (a CUDA-graph capture, which cannot read on the host): no value check -- any
+        additive value other than -inf / finfo.min counts as visible and a gapped row's range
+        runs from its first to its last visible key; the ranges are then device-only ops.
 
     Returns
     -------
@@ -140,7 +146,7 @@ def visible_key_ranges(
     else:
         masked = (m == -torch.inf) | (m == torch.finfo(mask.dtype).min)  # (..., q, kv)
         bad = ~(masked | (m == 0))
-        if bool(bad.any()):
+        if validate and bool(bad.any()):
             index = tuple(int(v) for v in bad.nonzero()[0])
             raise ArgumentError(
                 "mask",
@@ -162,7 +168,7 @@ def visible_key_ranges(
     start = torch.where(empty, 0, start)
     end = torch.where(empty, 0, end)
     gapped = end - start != count  # (..., q)
-    if bool(gapped.any()):
+    if validate and bool(gapped.any()):
         index = tuple(int(v) for v in gapped.nonzero()[0])
         keys_seen = visible[index].nonzero().flatten().tolist()
         raise ArgumentError(

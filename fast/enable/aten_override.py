@@ -219,10 +219,14 @@ def enable(*, strict: bool = True, num_sms: int | None = None) -> Iterator[Enabl
     -----
     Re-entrant: a nested ``enable()`` shares the outer one (its mode, override and stats).  Ops
     not covered (embeddings, elementwise ops, ``topk``) run as they are: elementwise ops are
-    row-local already.  Fused attention (``F.scaled_dot_product_attention``) has no pinned
-    kernel: ``strict`` refuses it by name (:data:`batchinv.fast.enable.function_mode.UNCOVERED`); a
-    model that computes attention with matmul and softmax (Hugging Face's ``eager``) runs
-    pinned, padding included (zero-probability keys add exact zeros to fixed-order sums).  Source: the aten-override approach of vLLM's batch-invariant mode and Thinking
+    row-local already.  Fused attention (``F.scaled_dot_product_attention``, Hugging Face's
+    default ``sdpa``) runs ``batchinv::sdpa``: each query row over its own visible keys, splits
+    counted from its first one, so left and right padding give the same bits; a mask whose
+    visible keys are not one range per row, an additive mask with other values than 0 and
+    -inf / finfo.min, or dropout is unpinned.  A model that computes attention with matmul and
+    softmax (Hugging Face's ``eager``) runs pinned and is invariant to right padding and the
+    batch, but *not* to left padding: padding before a row's keys moves them across the
+    matmul's fixed K tiles (a documented negative control, tests/integration/test_transformers_client.py).  Source: the aten-override approach of vLLM's batch-invariant mode and Thinking
     Machines' ``batch_invariant_ops``, plus a torch-function mode that ``torch.compile`` traces.
     """
     if _active:

@@ -3,7 +3,8 @@
 :class:`PinnedOps` is a ``TorchFunctionMode``: while it is active, every call of an op the
 components cover -- ``F.linear``, ``torch.mm`` / ``addmm`` (2-D), ``bmm`` (3-D), ``matmul`` / ``@`` (2-D and
 batched N-D, broadcast), ``F.grouped_mm`` (2-D x 3-D with ``offs``: MoE experts), two-operand ``einsum`` (as one
-batched product), ``F.rms_norm``, ``softmax`` / ``log_softmax`` and ``mean`` over the last dim --
+batched product), ``F.rms_norm``, ``softmax`` / ``log_softmax`` and ``mean`` over the last dim,
+``F.scaled_dot_product_attention`` (each query row over its own visible keys) --
 is answered by the pinned operator (:mod:`batchinv.fast.enable.ops`).  ``torch.compile`` traces
 through torch-function modes, so a model compiled inside the mode (or compiled before: Dynamo
 guards on the mode stack and recompiles) holds the ``batchinv`` operators in its graph, and
@@ -257,6 +258,37 @@ def _mean(
     return out.view(*x.shape[:-1], 1) if keepdim else out.view(x.shape[:-1])
 
 
+def _sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` of 4-D ``[B, H, L, D]`` operands (GQA by
+    ``enable_gqa``), a boolean or 0/-inf additive mask of head dim 1, or ``is_causal``, no
+    dropout: ``batchinv::sdpa``, each query row over its own visible keys.  The shape checks run
+    here (at trace time under ``torch.compile``); the mask's values are read in the operator."""
+    from batchinv.fast.sdpa_attention import check_sdpa_arguments
+
+    _check_tensors(query, key, value)
+    _need(dropout_p == 0, f"dropout_p={dropout_p!r} (a pinned kernel draws no dropout)")
+    _need(
+        attn_mask is None or (isinstance(attn_mask, torch.Tensor) and attn_mask.device == query.device),
+        "a mask on another device",
+    )
+    check_sdpa_arguments(query, key, value, attn_mask, is_causal, scale, enable_gqa)  # ArgumentError
+    from batchinv.fast.decode_attention import decode_attention_config
+    from batchinv.fast.device import arch
+
+    decode_attention_config(arch(query.device), query.shape[-1], query.dtype)  # ArgumentError: D
+    out = torch.ops.batchinv.sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    return out.transpose(1, 2)
+
+
 def _with_out(handler: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """The handler with torch's ``out=`` (resized to the result, then written)."""
 
@@ -302,20 +334,14 @@ HANDLERS: dict[Callable[..., Any], tuple[str, Callable[..., torch.Tensor]]] = {
     torch.Tensor.log_softmax: ("log_softmax", _log_softmax),
     torch.mean: ("mean", _mean),
     torch.Tensor.mean: ("mean", _mean),
+    F.scaled_dot_product_attention: ("scaled_dot_product_attention", _sdpa),
 }
 
 
 #: Ops whose kernels plan their reduction from the whole launch (batch-variant) and that no
 #: pinned kernel answers yet: ``strict`` refuses them by name, otherwise they run unpinned and
-#: are counted in ``fallback``.  (Prefill attention: a model can run its attention through the
-#: covered ops instead, e.g. Hugging Face's ``attn_implementation="eager"``.)
-UNCOVERED: dict[Callable[..., Any], tuple[str, str]] = {
-    F.scaled_dot_product_attention: (
-        "scaled_dot_product_attention",
-        "no pinned prefill attention kernel (run attention through matmul + softmax, e.g. "
-        'attn_implementation="eager" in transformers)',
-    ),
-}
+#: are counted in ``fallback``.  (Empty today: ``scaled_dot_product_attention`` is pinned.)
+UNCOVERED: dict[Callable[..., Any], tuple[str, str]] = {}
 
 
 class PinnedOps(TorchFunctionMode):

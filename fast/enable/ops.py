@@ -16,6 +16,8 @@ Operators (``torch.ops.batchinv``):
 * ``softmax(x, dim, half_to_float)`` / ``log_softmax(...)`` -- :mod:`batchinv.fast.softmax`
 * ``mean(x, dim, keepdim, dtype)`` -- :func:`batchinv.fast.mean.mean`
 * ``topk(scores, row_starts, row_ends, k)`` -- :func:`batchinv.fast.topk.topk` (the indexer top-k)
+* ``sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa)`` -- ``[B, Lq, Hq, D]``:
+  :func:`batchinv.fast.sdpa_attention.sdpa_attention_rows` (``F.scaled_dot_product_attention``)
 
 The arguments and their errors are the functions' (a dim other than the last raises their
 ArgumentError).  The ``*_subject`` functions below give each operator with its component's fast
@@ -265,6 +267,47 @@ def _topk_fake(
     return scores.new_empty((scores.shape[0], k), dtype=torch.int32)
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+@torch.library.custom_op("batchinv::sdpa", mutates_args=())
+def sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> torch.Tensor:
+    """:func:`batchinv.fast.sdpa_attention.sdpa_attention_rows` (``[B, Lq, Hq, D]``, contiguous:
+    ``scaled_dot_product_attention``'s output transposed) as an operator.  The mask's values are
+    checked on every call outside a CUDA-graph capture (a capture cannot read them on the host)."""
+    from batchinv.fast.sdpa_attention import sdpa_attention_rows
+
+    with _unrouted():
+        out = sdpa_attention_rows(
+            query, key, value, attn_mask, is_causal, scale, enable_gqa, validate=not _capturing()
+        )
+    RUNTIME_CALLS["sdpa"] += 1
+    return out
+
+
+@sdpa.register_fake
+def _sdpa_fake(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> torch.Tensor:
+    b, hq, lq, d = query.shape
+    return query.new_empty((b, lq, hq, d))
+
+
 # --- the operators with their components' fast signatures (the ``modes`` check's subjects) ----
 
 
@@ -316,3 +359,17 @@ def topk_subject(
 ) -> torch.Tensor:
     """``torch.ops.batchinv.topk`` with :func:`batchinv.fast.topk.topk`'s signature."""
     return torch.ops.batchinv.topk(scores, row_starts, row_ends, k)
+
+
+def sdpa_subject(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """``torch.ops.batchinv.sdpa`` with :func:`batchinv.fast.sdpa_attention.sdpa_attention`'s
+    signature (``[B, Hq, Lq, D]``)."""
+    return torch.ops.batchinv.sdpa(query, key, value, attn_mask, is_causal, scale, enable_gqa).transpose(1, 2)

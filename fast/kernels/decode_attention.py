@@ -11,6 +11,14 @@ Stage 2, :func:`decode_attention_merge_kernel`: one program per (r, i, query hea
 token's partials in ascending split order (rescaling by the running maximum lse), divides once
 and rounds o once to the output dtype.
 
+Packed ragged rows (``HAS_RAGGED``, the ``prefill_attention`` launcher): the query rows of every
+request are packed, ``q [T, Hq, D]``, and row t carries its request ``row_request[t]`` and its
+causal key count ``row_keys[t]`` (``p + 1`` at position p), which the uniform path computes as
+``L - Q + i + 1``.  Only where a row's request, key count, q row and index row are looked up
+differs; from there on a row runs the same instructions on the same values as the uniform path
+for the same (request, position), so prefill, chunked prefill, decode and speculative verify give
+the same bits by construction.
+
 A token's split boundaries are fixed multiples of ``split_tokens`` and every reduction runs in an
 order set by ``split_tokens``, ``BLOCK_N`` and the token's own length: nothing in a program's
 arithmetic depends on other requests, their number or lengths, or the grid's size.
@@ -36,6 +44,18 @@ def _num_slots(lens_ptr, r, i, q_len, index_slots, max_tokens, HAS_INDICES: tl.c
     return tl.maximum(n, 0), length
 
 
+@triton.jit
+def _row_slots(lens_ptr, keys_ptr, r, row, index_slots, max_tokens, HAS_INDICES: tl.constexpr):
+    """:func:`_num_slots` of a packed row: its causal key count ``row_keys[row]`` (dense; the
+    launcher's ``L - Q + i + 1``) or the index slots (sparse), clamped the same way."""
+    length = tl.load(lens_ptr + r)
+    if HAS_INDICES:
+        n = index_slots + 0 * length
+    else:
+        n = tl.minimum(tl.load(keys_ptr + row), max_tokens)
+    return tl.maximum(n, 0), length
+
+
 # The request count, lengths and split size are never specialized: Triton would otherwise compile
 # variants by value (== 1, % 16 == 0), i.e. pick code by the batch.
 @triton.jit(do_not_specialize=["q_len", "index_slots", "max_tokens", "split_tokens", "max_splits"])
@@ -46,6 +66,9 @@ def decode_attention_split_kernel(
     table_ptr,
     lens_ptr,
     idx_ptr,
+    row_request_ptr,
+    row_keys_ptr,
+    row_key_start_ptr,
     ws_o_ptr,
     ws_lse_ptr,
     scale,
@@ -75,24 +98,40 @@ def decode_attention_split_kernel(
     HAS_INDICES: tl.constexpr,
     TENSOR_CORES: tl.constexpr,
     WEIGHT_PAIR: tl.constexpr,
+    HAS_RAGGED: tl.constexpr = False,
+    HAS_KEY_START: tl.constexpr = False,
 ):
     """Partial attention of one split: ws_o[row, s] = o_s (fp32), ws_lse[row, s] = lse_s (fp32,
     natural log) for ``row = (r * Q + i) * Hq + h``; a split with no attended slot writes
-    (0, -inf).  The last dims of q, the caches and the workspace are contiguous (stride 1)."""
+    (0, -inf).  The last dims of q, the caches and the workspace are contiguous (stride 1).
+    ``HAS_RAGGED``: ``token`` is a packed row t of q (T, Hq, D) (``stride_q_r``, ``stride_i_r``
+    its row strides; ``stride_q_i``, ``stride_i_i`` and ``q_len`` unused), of request
+    ``row_request[t]`` with ``row_keys[t]`` causal keys.  ``HAS_KEY_START`` (dense, ragged): row
+    t's keys are the positions ``row_key_start[t] .. row_key_start[t] + row_keys[t] - 1`` of its
+    request, and its splits are counted from its first key (an SDPA mask's visible range)."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     kv_head = pid % num_kv_heads
-    token = pid // num_kv_heads  # r * Q + i
-    r = token // q_len
-    i = token % q_len
-    n_slots, length = _num_slots(lens_ptr, r, i, q_len, index_slots, max_tokens, HAS_INDICES)
+    token = pid // num_kv_heads  # r * Q + i (HAS_RAGGED: the packed row t)
+    if HAS_RAGGED:
+        r = tl.load(row_request_ptr + token)
+        n_slots, length = _row_slots(lens_ptr, row_keys_ptr, r, token, index_slots, max_tokens, HAS_INDICES)
+        q_row = q_ptr + token.to(tl.int64) * stride_q_r
+        idx_row = idx_ptr + token.to(tl.int64) * stride_i_r
+        if HAS_KEY_START:
+            key_start = tl.load(row_key_start_ptr + token)
+    else:
+        r = token // q_len
+        i = token % q_len
+        n_slots, length = _num_slots(lens_ptr, r, i, q_len, index_slots, max_tokens, HAS_INDICES)
+        q_row = q_ptr + r.to(tl.int64) * stride_q_r + i.to(tl.int64) * stride_q_i
+        idx_row = idx_ptr + r.to(tl.int64) * stride_i_r + i.to(tl.int64) * stride_i_i
     start = split * split_tokens
     if start < n_slots:
         g = tl.arange(0, BLOCK_G)
         g_ok = g < GROUP
         heads = (kv_head * GROUP + g).to(tl.int64)
         d = tl.arange(0, HEAD_DIM)
-        q_row = q_ptr + r.to(tl.int64) * stride_q_r + i.to(tl.int64) * stride_q_i
         q = tl.load(q_row + heads[:, None] * stride_q_h + d[None, :], mask=g_ok[:, None], other=0.0)
         end = tl.minimum(start + split_tokens, n_slots)
         m = tl.full([BLOCK_G], NEG_INF, tl.float32)
@@ -103,12 +142,14 @@ def decode_attention_split_kernel(
             t = start + c + lanes
             lane_ok = t < end
             if HAS_INDICES:
-                idx_row = idx_ptr + r.to(tl.int64) * stride_i_r + i.to(tl.int64) * stride_i_i
                 pos = tl.load(idx_row + t, mask=lane_ok, other=-1)
                 # (indices past the length are refused on the host; here they are never read)
                 valid = lane_ok & (pos >= 0) & (pos < length)
             else:
-                pos = t
+                if HAS_KEY_START:
+                    pos = key_start + t
+                else:
+                    pos = t
                 valid = lane_ok
             page = tl.load(table_ptr + r.to(tl.int64) * stride_t_r + pos // PAGE_SIZE, mask=valid, other=0)
             slot = page.to(tl.int64) * stride_k_p + (pos % PAGE_SIZE).to(tl.int64) * stride_k_s
@@ -158,6 +199,7 @@ def decode_attention_merge_kernel(
     ws_o_ptr,
     ws_lse_ptr,
     lens_ptr,
+    row_keys_ptr,
     o_ptr,
     lse_ptr,
     q_len,
@@ -168,15 +210,20 @@ def decode_attention_merge_kernel(
     max_splits,
     HEAD_DIM: tl.constexpr,
     HAS_INDICES: tl.constexpr,
+    HAS_RAGGED: tl.constexpr = False,
 ):
     """o[row] = merge of the token's partials in ascending split order, rounded once to o's
     dtype; lse[row] in fp32.  No attended slot at all: o = +0, lse = -inf.  o and lse are
-    contiguous (R, Q, Hq, D) and (R, Q, Hq)."""
+    contiguous (R, Q, Hq, D) and (R, Q, Hq) -- ``HAS_RAGGED``: (T, Hq, D) and (T, Hq), the
+    token a packed row t with ``row_keys[t]`` causal keys (dense)."""
     row = tl.program_id(0).to(tl.int64)  # (r * Q + i) * Hq + h
     token = row // num_q_heads
-    r = token // q_len
-    i = token % q_len
-    n_slots, _ = _num_slots(lens_ptr, r, i, q_len, index_slots, max_tokens, HAS_INDICES)
+    if HAS_RAGGED:  # the request only matters for its length, which _row_slots does not use here
+        n_slots, _ = _row_slots(lens_ptr, row_keys_ptr, 0, token, index_slots, max_tokens, HAS_INDICES)
+    else:
+        r = token // q_len
+        i = token % q_len
+        n_slots, _ = _num_slots(lens_ptr, r, i, q_len, index_slots, max_tokens, HAS_INDICES)
     num_splits = (n_slots + split_tokens - 1) // split_tokens
     d = tl.arange(0, HEAD_DIM)
     m = tl.full((), NEG_INF, tl.float32)

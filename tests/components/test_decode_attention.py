@@ -98,8 +98,9 @@ def test_table_is_frozen_and_keyed_on_arch_head_dim_dtype():
         assert (
             family in ("gpu", "interp")
             and isinstance(head_dim, int)
-            and dtype in (torch.bfloat16, torch.float16)
+            and dtype in (torch.bfloat16, torch.float16, torch.float32)
         )
+        assert config.tensor_cores is False or dtype != torch.float32  # fp32: IEEE dots, never TF32
         assert config.split_tokens % config.block_n == 0
     import inspect
 

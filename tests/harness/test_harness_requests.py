@@ -215,6 +215,7 @@ def test_the_request_checks_follow_the_row_checks_and_apply_only_to_request_leve
         "slot",
         "placement",
         "phase",
+        "padding",
         "config_equivalence",
         "modes",
     )

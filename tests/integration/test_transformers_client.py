@@ -15,9 +15,10 @@ matmul's table is keyed on N <= 512 buckets, the softmax's on row lengths <= 256
 zero terms appended to a fixed-order fp32 sum leave it unchanged.  Position ids are given
 explicitly (0..len-1 per prompt), as a server does.
 
-Attention runs through ``attn_implementation="eager"`` (matmul + softmax, both pinned);
-``sdpa`` has no pinned kernel and ``enable(strict=True)`` refuses it by name
-(:data:`batchinv.fast.enable.function_mode.UNCOVERED`), which the last test checks.
+Attention runs through ``attn_implementation="eager"`` (matmul + softmax, both pinned): right
+padding keeps a row's bits (zeros appended to fixed-order sums), left padding does not (see
+``test_transformers_generate.py``, where the default ``sdpa`` runs ``batchinv::sdpa``).  The last
+test checks that ``sdpa`` runs pinned under ``strict`` and what it refuses.
 """
 
 from __future__ import annotations
@@ -193,7 +194,12 @@ def test_negative_control_without_enable_the_prompt_logits_vary_with_the_batch(n
 @pytest.mark.cpu
 @pytest.mark.gpu
 @torch.no_grad()
-def test_strict_enable_refuses_sdpa_attention_by_name():
+def test_strict_enable_pins_sdpa_attention_and_refuses_what_it_cannot_pin():
+    """Hugging Face's default ``sdpa`` runs ``batchinv::sdpa`` under ``strict``; a mask whose
+    visible keys are not one range per row, an additive mask with other values (ALiBi-like) and
+    dropout are refused by name (and fall back, counted, without ``strict``)."""
+    import torch.nn.functional as F
+
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=64,
@@ -206,8 +212,22 @@ def test_strict_enable_refuses_sdpa_attention_by_name():
     )
     model = transformers.LlamaForCausalLM(config).to(DEVICE, DTYPE).eval()
     ids = torch.randint(1, 64, (1, 5), device=DEVICE)
-    with batchinv.enable(), pytest.raises(UnpinnedOpError, match="scaled_dot_product_attention"):
+    with batchinv.enable() as stats:
         model(ids)
-    with batchinv.enable(strict=False) as stats:
-        model(ids)
-    assert stats.fallback["scaled_dot_product_attention"] == 1, stats
+    assert stats.pinned["sdpa"] == 1 and not stats.fallback, stats
+    q = torch.randn(1, 2, 4, 16, device=DEVICE, dtype=DTYPE)
+    gapped = torch.ones(1, 1, 4, 4, dtype=torch.bool, device=DEVICE)
+    gapped[..., 2, 1] = False  # row 2 sees keys 0 and 2..3: two ranges
+    alibi = torch.zeros(1, 1, 4, 4, dtype=DTYPE, device=DEVICE)
+    alibi[..., 0] = -0.5
+    refused = {
+        "row 2": {"attn_mask": gapped},
+        "additive values": {"attn_mask": alibi},
+        "dropout_p": {"dropout_p": 0.1},
+    }
+    for why, kwargs in refused.items():
+        with batchinv.enable(), pytest.raises(UnpinnedOpError, match=f"scaled_dot_product_attention.*{why}"):
+            F.scaled_dot_product_attention(q, q, q, **kwargs)
+        with batchinv.enable(strict=False) as stats:
+            F.scaled_dot_product_attention(q, q, q, **kwargs)
+        assert stats.fallback["scaled_dot_product_attention"] == 1, (why, stats)

@@ -23,6 +23,8 @@ from batchinv.harness.registry import Case
 
 from . import decode_partition_plan as plan_mutants
 from . import emulated, kernels
+from . import prefill_attention as prefill_mutants
+from . import sdpa_attention as sdpa_mutants
 
 #: The interpreter's matmul K step (every dtype): a K that is not a multiple has a partial tile.
 INTERP_MATMUL_BLOCK_K = reduction_tree("interp", torch.float32, 1, 1).block_k
@@ -218,6 +220,66 @@ MUTANTS: tuple[Mutant, ...] = (
         "the merge kernel walks the splits from the last to the first (same partials, another order)",
         ("agreement",),
         every_case=lambda case: case.axes["lengths"] == "merge_order",
+    ),
+    Mutant(
+        "prefill_attention_splits_from_the_chunk_start",
+        "prefill_attention",
+        prefill_mutants.prefill_attention_splits_from_the_chunk_start,
+        "split boundaries counted from each greedy packed chunk's first query position, not the "
+        "request's first key: where the packing puts a request moves its merge tree",
+        ("co_batch",),
+    ),
+    Mutant(
+        "prefill_attention_causal_off_by_one",
+        "prefill_attention",
+        prefill_mutants.prefill_attention_causal_off_by_one,
+        "rows of q_len > 1 requests stop one key short of their position (p keys, not p + 1)",
+        ("agreement",),
+    ),
+    Mutant(
+        "prefill_attention_lse_in_base_2",
+        "prefill_attention",
+        prefill_mutants.prefill_attention_lse_in_base_2,
+        "lse written as log2 instead of the natural log",
+        ("agreement",),
+    ),
+    Mutant(
+        "prefill_attention_empty_split_merged",
+        "prefill_attention",
+        prefill_mutants.prefill_attention_empty_split_merged,
+        "a split with no attended key (0, -inf) merged as if live (an empty prefix chunk merged)",
+        ("agreement",),
+        every_case=lambda case: int(case.axes["sparse_k"]) > 0,
+    ),
+    Mutant(
+        "prefill_attention_split_from_max_seqlen_q",
+        "prefill_attention",
+        prefill_mutants.prefill_attention_split_from_max_seqlen_q,
+        "the split size planned from the launch's max_seqlen_q x GQA group (vLLM #51902's "
+        "thresholds), not the table's",
+        ("co_batch",),
+    ),
+    Mutant(
+        "prefill_attention_prefill_config_for_q_len_above_1",
+        "prefill_attention",
+        prefill_mutants.prefill_attention_prefill_config_for_q_len_above_1,
+        "q_len > 1 requests through a prefill config of twice the split, q_len 1 through "
+        "decode's: a token's bits depend on its phase",
+        ("phase",),
+    ),
+    Mutant(
+        "sdpa_attention_splits_from_padded_key_0",
+        "sdpa_attention",
+        sdpa_mutants.sdpa_attention_splits_from_padded_key_0,
+        "each row's splits counted from key 0 of the padded row, not its first visible key",
+        ("padding",),
+    ),
+    Mutant(
+        "sdpa_attention_visible_end_off_by_one",
+        "sdpa_attention",
+        sdpa_mutants.sdpa_attention_visible_end_off_by_one,
+        "rows with more than one visible key stop one key short",
+        ("agreement",),
     ),
     Mutant(
         "moe_combine_reverse_slot_order",
