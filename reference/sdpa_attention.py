@@ -113,22 +113,43 @@ def sdpa_attention(
     end = end.to(query.device).reshape(-1, 1, lq).expand(b, 1, lq)
     scale64 = float(torch.tensor(s, dtype=torch.float32))
     group = hq // hkv
-    k = key.double().repeat_interleave(group, dim=1)  # (B, Hq, Lk, D)
-    v = value.double().repeat_interleave(group, dim=1)
-    scores = scale64 * (query.double() @ k.transpose(-1, -2))  # (B, Hq, Lq, Lk)
     j = torch.arange(lk, device=query.device)
-    visible = (j >= start[..., None]) & (j < end[..., None])  # (B, 1, Lq, Lk)
+    # One batch entry at a time: its fp64 (Hq, Lq, Lk) scores, never the whole batch's.
+    o = (
+        torch.stack(
+            [_entry(query[i], key[i], value[i], start[i], end[i], j, scale64, group) for i in range(b)]
+        )
+        if b
+        else query.new_zeros(query.shape, dtype=torch.float64)
+    )
+    return round_once(o, query.dtype) if rounded else o
+
+
+def _entry(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    start: torch.Tensor,
+    end: torch.Tensor,
+    j: torch.Tensor,
+    scale64: float,
+    group: int,
+) -> torch.Tensor:
+    """One batch entry: ``o (Hq, Lq, D)`` fp64 over each row's range ``[start, end)`` (``(1, Lq)``)."""
+    k = key.double().repeat_interleave(group, dim=0)  # (Hq, Lk, D)
+    v = value.double().repeat_interleave(group, dim=0)
+    scores = scale64 * (query.double() @ k.transpose(-1, -2))  # (Hq, Lq, Lk)
+    visible = (j >= start[..., None]) & (j < end[..., None])  # (1, Lq, Lk)
     scores = scores.masked_fill(~visible, -math.inf)
     top = scores.amax(dim=-1, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     weights = torch.exp(scores - top)  # exactly 0 outside the range
     total = weights.sum(dim=-1, keepdim=True)
-    finite = torch.isfinite(v).all(dim=-1)  # (B, Hq, Lk): keys whose value row is finite
+    finite = torch.isfinite(v).all(dim=-1)  # (Hq, Lk): keys whose value row is finite
     o = (weights @ torch.where(finite[..., None], v, 0.0)) / total
     # A non-finite value enters only the rows that see it (0 * NaN must not leak to the others).
-    touched = (visible & ~finite[:, :, None, :]).any(dim=-1)  # (B, Hq, Lq)
-    for bi, hi, qi in touched.nonzero().tolist():
-        keys = visible[bi, 0, qi]
-        o[bi, hi, qi] = (weights[bi, hi, qi, keys] @ v[bi, hi, keys]) / total[bi, hi, qi]
-    o = torch.where(total > 0, o, torch.zeros_like(o))  # an empty row: +0
-    return round_once(o, query.dtype) if rounded else o
+    touched = (visible & ~finite[:, None, :]).any(dim=-1)  # (Hq, Lq)
+    for hi, qi in touched.nonzero().tolist():
+        keys = visible[0, qi]
+        o[hi, qi] = (weights[hi, qi, keys] @ v[hi, keys]) / total[hi, qi]
+    return torch.where(total > 0, o, torch.zeros_like(o))  # an empty row: +0

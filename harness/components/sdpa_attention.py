@@ -131,9 +131,9 @@ def build(case: Case, device: torch.device) -> Batch:
 
 def _noise(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, salt: int) -> torch.Tensor:
     """Finite padding values, a function of the launch's shape (never NaN: a kernel may multiply
-    a masked position's value by an exact 0)."""
-    gen = torch.Generator().manual_seed(1_000_003 * salt + sum(shape))
-    return (4 * torch.randn(shape, generator=gen)).to(dtype).to(device)
+    a masked position's value by an exact 0); drawn on ``device`` (GBs on GPU lanes)."""
+    gen = torch.Generator(device=device).manual_seed(1_000_003 * salt + sum(shape))
+    return (4 * torch.randn(shape, generator=gen, device=device)).to(dtype)
 
 
 def layout(
@@ -159,17 +159,23 @@ def layout(
     query = _noise((r_count, wq, hq, d), q.dtype, q.device, 1)
     key = _noise((r_count, wk, hkv, d), k.dtype, k.device, 2)
     value = _noise((r_count, wk, hkv, d), v.dtype, v.device, 3)
-    allowed = torch.zeros((r_count, 1, wq, wk), dtype=torch.bool, device=q.device)
-    offsets = []
+    q_offs = [wq - ql[r] if side == "left" else 0 for r in range(r_count)]
+    k_offs = [wk - kl[r] if side == "left" else 0 for r in range(r_count)]
     for r in range(r_count):
-        q_off, k_off = (wq - ql[r], wk - kl[r]) if side == "left" else (0, 0)
-        offsets.append(q_off)
-        query[r, q_off : q_off + ql[r]] = q[r, : ql[r]]
-        key[r, k_off : k_off + kl[r]] = k[r, : kl[r]]
-        value[r, k_off : k_off + kl[r]] = v[r, : kl[r]]
-        for i in range(ql[r]):
-            position = kl[r] - ql[r] + i
-            allowed[r, 0, q_off + i, k_off : k_off + position + 1] = True
+        query[r, q_offs[r] : q_offs[r] + ql[r]] = q[r, : ql[r]]
+        key[r, k_offs[r] : k_offs[r] + kl[r]] = k[r, : kl[r]]
+        value[r, k_offs[r] : k_offs[r] + kl[r]] = v[r, : kl[r]]
+    # Query row i of request r (position lens - q_lens + i) sees keys k_off .. k_off + position.
+    dev = q.device
+    q_off, k_off = (torch.tensor(x, dtype=torch.long, device=dev)[:, None] for x in (q_offs, k_offs))
+    q_len, k_len = (torch.tensor(x, dtype=torch.long, device=dev)[:, None] for x in (ql, kl))
+    i = torch.arange(wq, device=dev)[None, :] - q_off  # (R, Wq): the row's index among the real ones
+    real = (i >= 0) & (i < q_len)
+    last = k_off + k_len - q_len + i  # (R, Wq): the row's last visible key
+    j = torch.arange(wk, device=dev)[None, None, :]
+    allowed = real[..., None] & (j >= k_off[..., None]) & (j <= last[..., None])  # (R, Wq, Wk)
+    allowed = allowed[:, None]
+    offsets = q_offs
     if mask_kind == "bool":
         attn_mask = allowed
     else:
@@ -275,11 +281,10 @@ def neighbours(case: Case, lane: Lane) -> dict[str, Case]:
 
 
 def co_batch_sizes(lane: Lane) -> tuple[int, ...]:
-    """The registry's sizes on GPU lanes; 1 and 2 others on the cpu lane (a dense launch pads
-    every request to the widest: the interpreter runs every padded row)."""
-    from batchinv.harness.registry import co_batch_sizes as lane_sizes
-
-    return lane_sizes(lane) if lane.is_gpu else (1, 2)
+    """3, 15 and 47 others on GPU lanes (Hugging Face batches of 4, 16 and 48; a dense launch
+    pads every request to the widest, and the fp64 reference holds each (Hq, Wq, Wk) score
+    block); 1 and 2 on the cpu lane (the interpreter runs every padded row)."""
+    return (1, 3, 15, 47) if lane.is_gpu else (1, 2)
 
 
 # --- agreement -----------------------------------------------------------------------------------
@@ -373,6 +378,7 @@ COMPONENT = Component(
             padded(baselines.eager_pinned_matmul),
             "Hugging Face's eager attention with pinned matmuls and softmax (inside enable()): left "
             "padding moves a row's keys across the probs @ V product's fixed K tiles",
+            expected_to_vary_on=GPU_LANES,
             timed=False,
         ),
         Baseline(
@@ -380,6 +386,9 @@ COMPONENT = Component(
             padded(baselines.absolute_splits),
             "the pinned kernel with its splits counted from key 0 of the padded row instead of the "
             "row's first visible key (a FlashAttention-style kernel's tiling)",
+            # The cpu lane's bf16 / fp16 outputs hide the interpreter's fp32 regrouping (rarely a
+            # rounded bit moves); tests/harness/test_harness_padding.py shows both in fp32.
+            expected_to_vary_on=GPU_LANES,
         ),
     ),
     cases=cases,

@@ -310,14 +310,20 @@ def test_out_overloads_are_pinned_at_both_layers():
 
 @any_lane
 @torch.no_grad()
-def test_strict_enable_refuses_sdpa_and_counts_it_without_strict():
+def test_enable_pins_sdpa_and_refuses_a_head_dim_outside_the_table():
     from batchinv.fast.enable.function_mode import UnpinnedOpError
+    from batchinv.fast.sdpa_attention import sdpa_attention
 
-    q = torch.randn(1, 2, 4, 8, device=DEVICE)
-    with enable(), pytest.raises(UnpinnedOpError, match="scaled_dot_product_attention"):
-        F.scaled_dot_product_attention(q, q, q)
+    q = torch.randn(1, 2, 4, 64, device=DEVICE)
+    with enable() as stats:
+        got = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert stats.pinned == {"sdpa": 1} and not stats.fallback, stats
+    assert torch.equal(got, sdpa_attention(q, q, q, is_causal=True))
+    small = torch.randn(1, 2, 4, 8, device=DEVICE)  # head dim 8: no config of the kernel's table
+    with enable(), pytest.raises(UnpinnedOpError, match="scaled_dot_product_attention.*head dim"):
+        F.scaled_dot_product_attention(small, small, small)
     with enable(strict=False) as stats:
-        F.scaled_dot_product_attention(q, q, q)
+        F.scaled_dot_product_attention(small, small, small)
     assert stats.fallback == {"scaled_dot_product_attention": 1}
 
 

@@ -203,7 +203,7 @@ def test_strict_enable_pins_sdpa_attention_and_refuses_what_it_cannot_pin():
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=64,
-        hidden_size=32,
+        hidden_size=128,  # head dim 64: in the kernel's table on every lane
         intermediate_size=64,
         num_hidden_layers=1,
         num_attention_heads=2,
@@ -215,7 +215,7 @@ def test_strict_enable_pins_sdpa_attention_and_refuses_what_it_cannot_pin():
     with batchinv.enable() as stats:
         model(ids)
     assert stats.pinned["sdpa"] == 1 and not stats.fallback, stats
-    q = torch.randn(1, 2, 4, 16, device=DEVICE, dtype=DTYPE)
+    q = torch.randn(1, 2, 4, 64, device=DEVICE, dtype=DTYPE)
     gapped = torch.ones(1, 1, 4, 4, dtype=torch.bool, device=DEVICE)
     gapped[..., 2, 1] = False  # row 2 sees keys 0 and 2..3: two ranges
     alibi = torch.zeros(1, 1, 4, 4, dtype=DTYPE, device=DEVICE)

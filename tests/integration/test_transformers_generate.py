@@ -152,7 +152,13 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def _differing_batches(model: torch.nn.Module, geometry: Geometry = GEOMETRY) -> list[int]:
     """Batch sizes whose victim tokens or any step's logits differ bitwise from the victim alone."""
     batches = _batches(geometry)
-    alone, *rest = (_rollout(model, ids, mask) for ids, mask in batches)
+
+    def rollout(ids: torch.Tensor, mask: torch.Tensor) -> Rollout:
+        if getattr(model, "_batchinv_compiled", False):
+            torch._dynamo.reset()  # every run compiles its own graphs, from a clean cache
+        return _rollout(model, ids, mask)
+
+    alone, *rest = (rollout(ids, mask) for ids, mask in batches)
     sizes = [ids.shape[0] for ids, _ in batches[1:]]
     return [
         size
@@ -163,7 +169,13 @@ def _differing_batches(model: torch.nn.Module, geometry: Geometry = GEOMETRY) ->
 
 def _compile_forward(model: torch.nn.Module) -> torch.nn.Module:
     torch._dynamo.reset()
+    # generate() recompiles per shape class (prefill, first decode step, batch 1): past Dynamo's
+    # recompile limit a frame silently runs eager, mixing eager and compiled bits in one run.
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 256)
     model.forward = torch.compile(model.forward, dynamic=True)
+    model._batchinv_compiled = True
     return model
 
 
@@ -205,11 +217,14 @@ def test_negative_control_without_enable_left_padded_generate_varies_with_the_ba
 
 
 @pytest.mark.cpu
-@pytest.mark.gpu
 @torch.no_grad()
 def test_negative_control_eager_attention_is_not_left_padding_invariant_even_inside_enable():
     """The documented gap: ``attn_implementation="eager"`` is matmul + softmax + matmul, all
-    pinned, yet left padding moves the prompt's keys across the ``probs @ V`` product's K tiles."""
+    pinned, yet left padding moves the prompt's keys across the ``probs @ V`` product's K tiles.
+    The cpu lane asserts it (the interpreter's fp32 dots regroup with the shift); on the H200 the
+    model-level effect is not certain for a given prompt set (run 45 found none at batches 4, 16
+    and 48), and the GPU lanes' teeth are ``sdpa_attention``'s ``eager_pinned_matmul`` baseline,
+    detected by the sweep."""
     model = _model("llama", "eager")
     # The victim's keys must cross a K tile of the pinned matmul (the interpreter's BLOCK_K is
     # 32): others up to 40 tokens pad the 9-token victim by 31.
@@ -248,7 +263,8 @@ def test_rollout_log_probs_equal_rescoring_log_probs_inside_enable(name):
             sequences, logits = _generate(model, ids, mask)
             tokens = sequences[:, ids.shape[1] :]  # [B, n]
             rollout = torch.log_softmax(logits.float(), -1).gather(-1, tokens[..., None])
-            rescored_logits = _rescored(model, sequences, mask, ids.shape[1])
+            # generate() keeps each step's logits as an fp32 copy of the model's (bf16 on GPUs)
+            rescored_logits = _rescored(model, sequences, mask, ids.shape[1]).to(logits.dtype)
             rescored = torch.log_softmax(rescored_logits.float(), -1).gather(-1, tokens[..., None])
             assert torch.equal(_bits(rescored_logits), _bits(logits)), (
                 f"{name}, batch of {ids.shape[0]}: rescoring logits differ from the rollout's"
@@ -264,5 +280,5 @@ def test_negative_control_without_enable_rescoring_differs_from_the_rollout():
     model = _model("llama")
     ids, mask = _batches(GEOMETRY)[-1]
     sequences, logits = _generate(model, ids, mask)
-    rescored = _rescored(model, sequences, mask, ids.shape[1])
+    rescored = _rescored(model, sequences, mask, ids.shape[1]).to(logits.dtype)
     assert not torch.equal(_bits(rescored), _bits(logits)), "rescoring matched the rollout without enable()"

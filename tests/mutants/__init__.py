@@ -268,13 +268,6 @@ MUTANTS: tuple[Mutant, ...] = (
         ("phase",),
     ),
     Mutant(
-        "sdpa_attention_splits_from_padded_key_0",
-        "sdpa_attention",
-        sdpa_mutants.sdpa_attention_splits_from_padded_key_0,
-        "each row's splits counted from key 0 of the padded row, not its first visible key",
-        ("padding",),
-    ),
-    Mutant(
         "sdpa_attention_visible_end_off_by_one",
         "sdpa_attention",
         sdpa_mutants.sdpa_attention_visible_end_off_by_one,
