@@ -320,7 +320,7 @@ def test_enable_pins_sdpa_and_refuses_a_head_dim_outside_the_table():
     assert stats.pinned == {"sdpa": 1} and not stats.fallback, stats
     assert torch.equal(got, sdpa_attention(q, q, q, is_causal=True))
     small = torch.randn(1, 2, 4, 8, device=DEVICE)  # head dim 8: no config of the kernel's table
-    with enable(), pytest.raises(UnpinnedOpError, match="scaled_dot_product_attention.*head dim"):
+    with enable(), pytest.raises(UnpinnedOpError, match=r"scaled_dot_product_attention.*head dim"):
         F.scaled_dot_product_attention(small, small, small)
     with enable(strict=False) as stats:
         F.scaled_dot_product_attention(small, small, small)
