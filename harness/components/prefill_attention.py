@@ -577,6 +577,7 @@ COMPONENT = Component(
             "greedy packed chunks of 8 rows, each chunk's splits counted from its first query "
             "position instead of the request's first key: where the packing puts a request moves "
             "its split boundaries",
+            timed=False,  # a construction (one launch per chunk from Python), not a production speed
         ),
         Baseline(
             "sdpa_flash_dense",
