@@ -233,3 +233,32 @@ def test_registered_case_ids_are_unique():
     ids = [c.id for c in component.cases(Lane.CPU)]
     assert len(ids) == len(set(ids))
     assert isinstance(component.cases(Lane.SM90)[0], Case)
+
+
+@any_lane
+def test_prefix_cache_hit_equals_the_cold_prefill_at_every_page_aligned_cut():
+    """The prefix-cache scenario: a request's prefill split into a cached prefix (a cache hit,
+    its K/V already in the pages) and the continuation gives the continuation's rows the bits of
+    the cold prefill, o and lse, at every page-aligned cut -- and a batch of such hits beside a
+    cold prefill and a decode step gives them too."""
+    length, page = 70 if LANE is Lane.CPU else 600, 16
+    k, v, table = paged([length], page_size=page)
+    q, cu = packed_q([length])
+    cold_o, cold_lse = fast(q, k, v, table, cu, i32([length]))
+    for cut in range(page, length, page):
+        n = length - cut
+        o, lse = fast(q[cut:], k, v, table, i32([0, n]), i32([length]))
+        assert_same_bits(o, cold_o[cut:], f"o, cached prefix of {cut}")
+        assert_same_bits(lse, cold_lse[cut:], f"lse, cached prefix of {cut}")
+    cuts = list(range(page, length, page))[:3]
+    rows = [q[c:] for c in cuts] + [q, q[-1:]]  # three hits, a cold prefill, a decode step
+    q_lens = [r.shape[0] for r in rows]
+    cu_mixed = i32([0, *torch.tensor(q_lens).cumsum(0).tolist()])
+    o, lse = fast(
+        torch.cat(rows), k, v, table.expand(len(rows), -1).contiguous(), cu_mixed, i32([length] * len(rows))
+    )
+    start = 0
+    for c, n in zip([*cuts, 0, length - 1], q_lens, strict=True):
+        assert_same_bits(o[start : start + n], cold_o[c:], f"o in the mixed batch, prefix {c}")
+        assert_same_bits(lse[start : start + n], cold_lse[c:], f"lse in the mixed batch, prefix {c}")
+        start += n
