@@ -67,6 +67,8 @@ def sdpa_attention_rows(
     b, hq, lq, d = query.shape
     hkv, lk = key.shape[1], key.shape[2]
     config = decode_attention_config(arch(query.device), d, query.dtype)  # ArgumentError: D
+    if query.numel() == 0:  # no query row (Lq = 0, B = 0 or Hq = 0)
+        return query.new_zeros((b, lq, hq, d))
     mask = kernel_operand(attn_mask) if attn_mask is not None else None
     device = query.device
     if mask is None:  # on the device, no host tensor (a CUDA-graph capture copies none)

@@ -45,11 +45,13 @@ def check_sdpa_arguments(
     """Shape and dtype checks of :func:`sdpa_attention` (no value is read); returns the scale.
 
     Raises:
-        DTypeError: an operand not a tensor, not of :data:`SDPA_DTYPES`, or of unequal dtypes;
+        DTypeError: an operand or the mask not a tensor, not of :data:`SDPA_DTYPES`, or of unequal dtypes;
             is_causal / enable_gqa not bools; scale not a float.
         ArgumentError: an operand not 4-D ``[B, H, L, D]``; unequal B or D; key and value of
             unequal shapes; Hq not a multiple of Hkv, or Hq != Hkv without enable_gqa; a mask and
-            is_causal together; a mask with a head dim other than 1; a scale that is not finite.
+            is_causal together; a mask not of 2 to 4 dims broadcastable to (B, 1, Lq, Lk) from
+            the right (its query dim 1 or Lq, key dim 1 or Lk, head dim 1, batch dim 1 or B); a
+            scale that is not finite.
     """
     check_tensor("query", query, dtypes=SDPA_DTYPES, ndim=4)
     for name, t in (("key", key), ("value", value)):
@@ -67,6 +69,14 @@ def check_sdpa_arguments(
         want = "Hkv dividing Hq with enable_gqa=True" if hq != hkv else "Hkv >= 1"
         raise ArgumentError("key", f"{want} (Hq = {hq})", hkv)
     if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise DTypeError("attn_mask", "a tensor or None", type(attn_mask).__name__)
+        lq, lk = query.shape[2], key.shape[2]
+        m = tuple(attn_mask.shape)
+        if not 2 <= attn_mask.dim() <= 4 or m[-1] not in (1, lk) or m[-2] not in (1, lq):
+            raise ArgumentError(
+                "attn_mask", f"2 to 4 dims broadcastable to (B, 1, Lq={lq}, Lk={lk}) from the right", m
+            )
         if is_causal:
             raise ArgumentError("attn_mask", "None with is_causal=True (SDPA takes one of them)", "a mask")
         if attn_mask.dim() >= 3 and attn_mask.shape[-3] != 1:
@@ -108,6 +118,8 @@ def sdpa_attention(
     s = check_sdpa_arguments(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     b, hq, lq, _ = query.shape
     hkv, lk = key.shape[1], key.shape[2]
+    if query.numel() == 0:  # no query row (Lq = 0, B = 0 or Hq = 0): nothing to reduce
+        return query.new_zeros(query.shape, dtype=query.dtype if rounded else torch.float64)
     start, end = visible_key_ranges(attn_mask, lq, lk, is_causal=is_causal)
     start = start.to(query.device).reshape(-1, 1, lq).expand(b, 1, lq)  # (B, 1, Lq)
     end = end.to(query.device).reshape(-1, 1, lq).expand(b, 1, lq)
@@ -152,4 +164,4 @@ def _entry(
     for hi, qi in touched.nonzero().tolist():
         keys = visible[0, qi]
         o[hi, qi] = (weights[hi, qi, keys] @ v[hi, keys]) / total[hi, qi]
-    return torch.where(total > 0, o, torch.zeros_like(o))  # an empty row: +0
+    return torch.where(total == 0, torch.zeros_like(o), o)  # an empty row: +0 (a NaN sum stays NaN)

@@ -275,6 +275,10 @@ def _sdpa(
     from batchinv.fast.sdpa_attention import check_sdpa_arguments
 
     _check_tensors(query, key, value)
+    _need(
+        not (isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad and torch.is_grad_enabled()),
+        "a mask that requires grad",
+    )
     _need(dropout_p == 0, f"dropout_p={dropout_p!r} (a pinned kernel draws no dropout)")
     _need(
         attn_mask is None or (isinstance(attn_mask, torch.Tensor) and attn_mask.device == query.device),
@@ -361,12 +365,14 @@ class PinnedOps(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         entry = HANDLERS.get(func)
+        if entry is None and func not in UNCOVERED:
+            # not covered (elementwise ops, the batchinv operators themselves): its own errors
+            # are its own -- a compiled graph runs the operators with this mode still active
+            return func(*args, **kwargs)
         try:
             if entry is None:
-                if func in UNCOVERED:
-                    name, reason = UNCOVERED[func]
-                    raise _Unpinned(reason)
-                return func(*args, **kwargs)
+                name, reason = UNCOVERED[func]
+                raise _Unpinned(reason)
             name, handler = entry
             return handler(*args, **kwargs)
         except (_Unpinned, ArgumentError) as why:  # ArgumentError: a kernel's own contract

@@ -148,3 +148,25 @@ def test_the_operator_gives_the_functions_bits_and_the_fake_its_shape():
     with FakeTensorMode() as mode:
         fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
         assert torch.ops.batchinv.sdpa(fq, fk, fv, None, True, None, True).shape == (2, 9, 4, D)
+
+
+def test_masks_that_do_not_broadcast_over_the_rows_are_refused_and_empty_queries_are_empty():
+    """(Found by a breaker: a mask of 3 rows against Lq = 1 was read as one row per batch entry.)"""
+    q, k, v = _qkv(3, 2, 2, 1, 5)
+    for shape in ((1, 1, 3, 5), (3, 5), (5,), ()):
+        mask = torch.ones(shape, dtype=torch.bool, device=DEVICE)
+        with pytest.raises(ArgumentError, match="'attn_mask'"):
+            sdpa_attention(q, k, v, attn_mask=mask)
+        with pytest.raises(ArgumentError, match="'attn_mask'"):
+            reference(q, k, v, attn_mask=mask)
+    with pytest.raises(DTypeError, match="'attn_mask'"):
+        sdpa_attention(q, k, v, attn_mask=[[True] * 5])
+    empty_q = q[:, :, :0]
+    assert sdpa_attention(empty_q, k, v).shape == (3, 2, 0, D)
+    assert reference(empty_q, k, v).shape == (3, 2, 0, D)
+
+
+def test_a_nan_score_gives_nan_in_the_reference_as_in_the_kernel():
+    q, k, v = _qkv(1, 1, 1, 2, 4)
+    k[0, 0, 1, 2] = math.nan
+    assert torch.isnan(reference(q, k, v)).all() and torch.isnan(sdpa_attention(q, k, v)).all()

@@ -329,6 +329,23 @@ def test_enable_pins_sdpa_and_refuses_a_head_dim_outside_the_table():
 
 @any_lane
 @torch.no_grad()
+def test_a_batchinv_operators_own_typed_error_passes_through_enable():
+    """A ``torch.ops.batchinv`` call is not a covered op: inside ``enable()`` (where a compiled
+    graph runs it) its ArgumentError reaches the caller as it is (a breaker found an
+    UnboundLocalError there)."""
+    import batchinv.fast.enable.ops  # noqa: F401
+    from batchinv.reference.errors import ArgumentError
+
+    q = torch.randn(1, 2, 3, 64, device=DEVICE)
+    gapped = torch.ones(3, 3, dtype=torch.bool, device=DEVICE)
+    gapped[2, 1] = False
+    for strict in (True, False):
+        with enable(strict=strict), pytest.raises(ArgumentError, match="row 2"):
+            torch.ops.batchinv.sdpa(q, q, q, gapped, False, None, False)
+
+
+@any_lane
+@torch.no_grad()
 def test_enable_leaves_nothing_behind_after_an_exception():
     from torch.overrides import _get_current_function_mode_stack
 
