@@ -24,7 +24,46 @@ from batchinv.reference.attention_mask import visible_key_ranges
 from batchinv.reference.errors import ArgumentError
 from batchinv.reference.sdpa_attention import SDPA_DTYPES, check_sdpa_arguments
 
-__all__ = ["SDPA_DTYPES", "check_sdpa_arguments", "sdpa_attention", "sdpa_attention_rows"]
+__all__ = [
+    "SDPA_DTYPES",
+    "check_sdpa_arguments",
+    "dense_table",
+    "row_ranges",
+    "sdpa_attention",
+    "sdpa_attention_rows",
+]
+
+
+def row_ranges(
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    b: int,
+    lq: int,
+    lk: int,
+    device: torch.device,
+    *,
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query row's visible keys ``[start, end)``, int64 ``(B, Lq)`` on ``device``: from the
+    mask (:func:`~batchinv.reference.attention_mask.visible_key_ranges`, ``validate`` as there)
+    or, without one, built on the device (no host tensor: a CUDA-graph capture copies none)."""
+    if attn_mask is None:
+        rows_i = torch.arange(lq, device=device, dtype=torch.int64)
+        start = torch.zeros((1, lq), dtype=torch.int64, device=device)
+        end = ((rows_i + 1).clamp(max=lk) if is_causal else torch.full_like(rows_i, lk)).reshape(1, lq)
+    else:
+        start, end = visible_key_ranges(kernel_operand(attn_mask), lq, lk, validate=validate)
+    return start.to(device).reshape(-1, lq).expand(b, lq), end.to(device).reshape(-1, lq).expand(b, lq)
+
+
+def dense_table(
+    b: int, lk: int, pages_per_batch: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(batch ids (B,), block table (B, Lk))`` int32 of dense K/V read as pages of one key:
+    key j of batch entry i is page ``i * pages_per_batch + j``."""
+    batch_ids = torch.arange(b, device=device, dtype=torch.int32)
+    table = batch_ids[:, None] * pages_per_batch + torch.arange(lk, device=device, dtype=torch.int32)
+    return batch_ids, table.contiguous()
 
 
 def _dense_as_pages(key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -69,26 +108,15 @@ def sdpa_attention_rows(
     config = decode_attention_config(arch(query.device), d, query.dtype)  # ArgumentError: D
     if query.numel() == 0:  # no query row (Lq = 0, B = 0 or Hq = 0)
         return query.new_zeros((b, lq, hq, d))
-    mask = kernel_operand(attn_mask) if attn_mask is not None else None
     device = query.device
-    if mask is None:  # on the device, no host tensor (a CUDA-graph capture copies none)
-        rows_i = torch.arange(lq, device=device, dtype=torch.int64)
-        start = torch.zeros((1, lq), dtype=torch.int64, device=device)
-        end = ((rows_i + 1).clamp(max=lk) if is_causal else torch.full_like(rows_i, lk)).reshape(1, lq)
-    else:
-        start, end = visible_key_ranges(mask, lq, lk, validate=validate)
-    start = start.to(device).reshape(-1, lq).expand(b, lq)  # (B, Lq)
-    end = end.to(device).reshape(-1, lq).expand(b, lq)
+    start, end = row_ranges(attn_mask, is_causal, b, lq, lk, device, validate=validate)
     q = kernel_operand(query).transpose(1, 2).reshape(b * lq, hq, d)  # a view for HF's layout
     if q.stride(-1) != 1:
         q = q.contiguous()
     k, v, pages_per_batch = _dense_as_pages(kernel_operand(key), kernel_operand(value))
     if (b - 1) * pages_per_batch + lk >= 2**31:
         raise ArgumentError("key", "at most 2**31 key positions over the batch", b * pages_per_batch)
-    batch_ids = torch.arange(b, device=device, dtype=torch.int32)
-    table = (
-        batch_ids[:, None] * pages_per_batch + torch.arange(lk, device=device, dtype=torch.int32)
-    ).contiguous()
+    batch_ids, table = dense_table(b, lk, pages_per_batch, device)
     rows = PackedRows(
         request=batch_ids.repeat_interleave(lq).contiguous(),
         keys=(end - start).to(torch.int32).reshape(-1).contiguous(),

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from batchinv.fast.decode_attention import decode_attention_config
 from batchinv.fast.device import arch, kernel_operand
 from batchinv.fast.prefill_attention import KVLayout, PackedRows, launch_rows
-from batchinv.reference.attention_mask import visible_key_ranges
+from batchinv.fast.sdpa_attention import dense_table, row_ranges
 from batchinv.reference.sdpa_attention import check_sdpa_arguments
 
 __all__ = ["absolute_splits", "eager_pinned_matmul", "torch_sdpa"]
@@ -92,19 +92,13 @@ def absolute_splits(
     b, hq, lq, d = query.shape
     hkv, lk = key.shape[1], key.shape[2]
     config = decode_attention_config(arch(query.device), d, query.dtype)
-    start, end = visible_key_ranges(
-        kernel_operand(attn_mask) if attn_mask is not None else None, lq, lk, is_causal=is_causal
-    )
-    start = start.to(query.device).reshape(-1, lq).expand(b, lq).reshape(-1)
-    end = end.to(query.device).reshape(-1, lq).expand(b, lq).reshape(-1)
+    start, end = (t.reshape(-1) for t in row_ranges(attn_mask, is_causal, b, lq, lk, query.device))
     slots = torch.arange(lk, device=query.device)
     visible = (slots[None, :] >= start[:, None]) & (slots[None, :] < end[:, None])
     indices = torch.where(visible, slots[None, :], -1).to(torch.int32).contiguous()  # (B * Lq, Lk)
     q = kernel_operand(query).transpose(1, 2).reshape(b * lq, hq, d)
     k, v = kernel_operand(key).contiguous(), kernel_operand(value).contiguous()
-    per_batch = hkv * lk
-    batch_ids = torch.arange(b, device=query.device, dtype=torch.int32)
-    table = (batch_ids[:, None] * per_batch + slots[None, :].to(torch.int32)).contiguous()
+    batch_ids, table = dense_table(b, lk, hkv * lk, query.device)
     rows = PackedRows(
         request=batch_ids.repeat_interleave(lq).contiguous(), keys=(end - start).to(torch.int32)
     )
