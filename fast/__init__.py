@@ -8,6 +8,10 @@ softmaxes and last-dim means through the pinned kernels, eager and compiled.
 
 from typing import Any
 
+from batchinv.fast.baselines import moved_paths as _moved_paths
+
+_moved_paths.install()  # batchinv.fast.<component>_baselines stays importable
+
 
 def __getattr__(name: str) -> Any:
     if name == "enable":  # the subpackage, callable; lazy: importing batchinv.fast must not import triton

@@ -77,3 +77,33 @@ def test_top_level_unknown_attribute_raises_attribute_error():
 
     with pytest.raises(AttributeError, match="no attribute 'not_there'"):
         batchinv.not_there  # noqa: B018
+
+
+# the flat baseline modules as they were before the house step (git ls-tree 180434f fast/)
+MOVED_BASELINES = (
+    "cuda_graph_buckets", "decode_attention", "decode_partition_plan", "fp8_gemm", "fp8_quant",
+    "fused_moe", "grouped_gemm", "matmul", "mean", "moe_align", "moe_combine", "moe_router",
+    "prefill_chunk_plan", "rms_norm", "softmax", "swiglu", "topk", "w4a16_nvfp4",
+)  # fmt: skip
+
+
+@needs_cpu_lane_child
+def test_old_baseline_import_paths_are_the_moved_modules(tmp_path):
+    """``batchinv.fast.<c>_baselines`` (the outside kit imports three) is ``fast.baselines.<c>``,
+    the same module object, by ``import`` and by ``from ... import``; a name with no baselines
+    module is still a ModuleNotFoundError."""
+    code = f"""
+import importlib
+for c in {MOVED_BASELINES!r}:
+    old = importlib.import_module(f"batchinv.fast.{{c}}_baselines")
+    new = importlib.import_module(f"batchinv.fast.baselines.{{c}}")
+    assert old is new, (c, old, new)
+from batchinv.fast import decode_attention_baselines
+assert decode_attention_baselines is importlib.import_module("batchinv.fast.baselines.decode_attention")
+try:
+    import batchinv.fast.no_such_component_baselines
+except ModuleNotFoundError as e:
+    print("missing ok", e.name)
+"""
+    proc = _run_outside_checkout(code, tmp_path)
+    assert proc.returncode == 0 and "missing ok" in proc.stdout, proc.stdout + proc.stderr
