@@ -159,10 +159,15 @@ def _view(component: Component, subject: SubjectLike, timeout: float | None) -> 
     limit, and the judge's state checked and restored around each call."""
     if isinstance(subject, Subject):
         call = bound_call(component, subject)
-        return _View(isolation.guarded(call, timeout, component), None, accepts_partition(component, subject), None)
+        return _View(
+            isolation.guarded(call, timeout, component), None, accepts_partition(component, subject), None
+        )
     if subject == FAST:
         return _View(
-            isolation.guarded(component.fast, timeout, component), component.fast_path, True, component.torch_op
+            isolation.guarded(component.fast, timeout, component),
+            component.fast_path,
+            True,
+            component.torch_op,
         )
     b = component.baseline(subject)
     return _View(isolation.guarded(b.fn, timeout, component), None, b.accepts_partition, b.modes)
@@ -220,7 +225,7 @@ def run_check(
     except isolation.SubjectTimeout as exc:  # the run goes on; the row names the case and check
         result.status = TIMEOUT
         result.detail = f"a call of the subject timed out: {exc}"
-    except Exception as exc:  # an error row, and the sweep goes on
+    except (Exception, SystemExit) as exc:  # an error row, and the sweep goes on (a subject's exit too)
         result.status = "error"
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         result.detail = last

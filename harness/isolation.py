@@ -92,15 +92,29 @@ def fp_state() -> dict[str, Any]:
 
 
 def restore_fp_state(state: dict[str, Any]) -> None:
-    """Put back ``state`` (from :func:`fp_state`)."""
-    torch.set_flush_denormal(bool(state["cpu denormals-are-zero"] or state["cpu flush-to-zero"]))
-    torch.set_default_dtype(state["torch default dtype"])
-    torch.set_float32_matmul_precision(state["float32 matmul precision"])
-    torch.backends.cuda.matmul.allow_tf32 = state["cuda matmul allow_tf32"]
-    torch.backends.cudnn.allow_tf32 = state["cudnn allow_tf32"]
+    """Put back ``state`` (from :func:`fp_state`); only what differs is set."""
+    now = fp_state()
+    if now == state:
+        return
+    flush = ("cpu denormals-are-zero", "cpu flush-to-zero")
+    if any(now[k] != state[k] for k in flush):
+        torch.set_flush_denormal(bool(state[flush[0]] or state[flush[1]]))
+    if now["torch default dtype"] != state["torch default dtype"]:
+        torch.set_default_dtype(state["torch default dtype"])
+    if now["float32 matmul precision"] != state["float32 matmul precision"]:
+        torch.set_float32_matmul_precision(state["float32 matmul precision"])
+    now = fp_state()  # the precision also sets the TF32 switches
     matmul = torch.backends.cuda.matmul
-    matmul.allow_fp16_reduced_precision_reduction = state["cuda fp16 reduced-precision reduction"]
-    matmul.allow_bf16_reduced_precision_reduction = state["cuda bf16 reduced-precision reduction"]
+    if now["cuda matmul allow_tf32"] != state["cuda matmul allow_tf32"]:
+        matmul.allow_tf32 = state["cuda matmul allow_tf32"]
+    if now["cudnn allow_tf32"] != state["cudnn allow_tf32"]:
+        torch.backends.cudnn.allow_tf32 = state["cudnn allow_tf32"]
+    key = "cuda fp16 reduced-precision reduction"
+    if now[key] != state[key]:
+        matmul.allow_fp16_reduced_precision_reduction = state[key]
+    key = "cuda bf16 reduced-precision reduction"
+    if now[key] != state[key]:
+        matmul.allow_bf16_reduced_precision_reduction = state[key]
 
 
 def _moved(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
@@ -225,14 +239,18 @@ def time_limit(seconds: float | None) -> Iterator[None]:
             )
         return
 
+    active = [True]  # off before the timer is: a late tick after the call is a no-op
+
     def fire(signum: int, frame: Any) -> None:
-        raise SubjectTimeout(f"the call ran past the limit of {seconds:g} s")
+        if active[0]:
+            raise SubjectTimeout(f"the call ran past the limit of {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, fire)
     outer_delay, _ = signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
     try:
         yield
     finally:
+        active[0] = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         if outer_delay > 0:  # someone else's timer (pytest-timeout): re-armed with what is left

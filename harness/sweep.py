@@ -5,19 +5,23 @@ the fast kernel; then the negative controls: each baseline's invariance checks, 
 first one that detects variance (a detection is all a negative control needs).  Pin candidates
 run their batch-prefix check on every case, since where they vary is the finding.
 
-Verdicts: a fast check is ``pass``/``fail``/``error``, or ``reference path`` where the fast
+Verdicts: a fast check is ``pass``/``fail``/``error``/``timeout`` (a call of the subject ran
+past ``timeout``: a failure, like ``error``), or ``reference path`` where the fast
 callable ran the reference instead of its kernel (counted apart from the passes, not a
 failure); a negative control is ``detected`` (some check found different bits on the baseline,
 as it must), ``inconclusive`` (nothing varied: the harness could not tell this baseline from a
 pinned kernel here — never reported as a pass), ``not reached (--max-m N)`` (nothing varied,
-but the M sweep was cut by ``--max-m``) or ``error`` (the baseline crashed: a failure of the
-sweep, never a detection); a pin candidate is ``invariant``, ``varies`` or ``error``.
+but the M sweep was cut by ``--max-m``), ``error`` (the baseline crashed: a failure of the
+sweep, never a detection) or ``timeout``; a pin candidate is ``invariant``, ``varies`` or ``error``.
 
 Execution: the work is cut into *units* — one unit per (component, case) for the fast kernel
 (its checks share one built batch), one per baseline (its checks stop at the first detection).
 With ``jobs > 1`` the units run in a pool of worker processes (``spawn``; each enters the lane,
 takes its share of the CPU threads and, on a multi-GPU machine, a GPU of its own), so Triton
 compilations and case building, the two large costs of a cold GPU sweep, run in parallel.  The
+parent watches them: a worker that dies (a segfault) or whose subject call overruns its limit
+(killed) makes the check it was running an ``error`` (naming the signal) or ``timeout`` row, a
+new worker takes its place and runs the unit's remaining checks, and the sweep goes on.  The
 verdicts do not depend on ``jobs``.
 """
 

@@ -79,6 +79,22 @@ def test_subject_that_sets_flush_to_zero_is_an_error_and_the_state_is_restored(j
     assert not _flushes()  # the judge's thread is back to its own state
 
 
+def lowering_matmul_precision(x, dim=-1, keepdim=False, dtype=None):
+    torch.set_float32_matmul_precision("medium")
+    return good(x, dim, keepdim, dtype)
+
+
+def test_subject_that_changes_a_global_torch_setting_is_an_error_and_it_is_restored():
+    before = torch.get_float32_matmul_precision()
+    try:
+        report = check_subject(COMPONENT, lowering_matmul_precision, lane="cpu", checks=["agreement"])
+        assert {r.status for r in report.results} == {"error"}, report.summary()
+        assert all("float32 matmul precision" in r.detail for r in report.results), report.summary()
+        assert torch.get_float32_matmul_precision() == before
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def test_flush_to_zero_on_before_the_check_does_not_reach_the_judge(judge_fp_restored):
     """An extension that set flush-to-zero on import: the reference and the comparator still run
     without it, so a subject that flushes subnormal inputs fails agreement (as it does without)."""
