@@ -358,7 +358,10 @@ def _worker_main(
     isolation.set_observer(_PipeObserver(conn))
     lane = Lane(lane_value)
     while True:
-        unit = conn.recv()
+        try:
+            unit = conn.recv()
+        except EOFError:  # the parent is gone
+            return
         if unit is None:
             return
         before = compile_stats.snapshot()
@@ -475,7 +478,7 @@ def _execute(
         proc = ctx.Process(
             target=_worker_main,
             args=(theirs, lane.value, threads, jobs, slot, m_limit, timeout),
-            daemon=True,
+            daemon=False,  # a worker may start processes of its own (torch.compile's compile workers)
         )
         # Workers are born with SIGINT ignored (an ignored signal stays ignored across exec),
         # so a Ctrl-C in the terminal reaches only this process, which ends them: no worker
@@ -524,7 +527,10 @@ def _execute(
                         if isinstance(u.subject, Subject)
                         else u
                     )
-                    w.conn.send(sent)
+                    try:
+                        w.conn.send(sent)
+                    except OSError:  # the worker is gone: found below, its unit's row says so
+                        pass
             busy = [w for w in workers if w.job is not None]
             wait_for([x for w in busy for x in (w.conn, w.proc.sentinel)], timeout=1.0)
             for slot, w in enumerate(workers):
