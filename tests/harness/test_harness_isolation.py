@@ -15,8 +15,8 @@ A subject runs in the judge's process (or a sweep worker that also computes refe
   front.
 
 Cost on the cpu lane: the in-process tests run ``mean``'s agreement check (its six cheap cases,
-an fp64 torch subject) a few times, about 10 s; the sweep test starts worker processes (about
-20 s on two shared cores).
+an fp64 torch subject) a few times, about 3 s; the sweep test starts worker processes (two, and
+two replacements), about 15 s on two cores.
 """
 
 from __future__ import annotations
