@@ -24,7 +24,7 @@ from typing import Any, TypeAlias
 
 import torch
 
-from batchinv.harness import invariance, strict_json
+from batchinv.harness import invariance, isolation, strict_json
 from batchinv.harness.build_cache import built
 from batchinv.harness.compare import (
     BitwiseReport,
@@ -63,14 +63,18 @@ FAST = "fast"
 #: kernel (outside its envelope, ``Component.fast_path``): what agreed or stayed invariant
 #: there was the reference, not the kernel, so it is never counted as a kernel ``pass``.
 REFERENCE_PATH = "reference path"
+#: The status of a check in which a call of the subject ran past its time limit
+#: (:func:`batchinv.harness.isolation.time_limit`): a failure of the subject, like ``error``.
+TIMEOUT = "timeout"
 
 
 @dataclass
 class CheckResult:
     """One row of the report: a check of one subject (fast or a baseline) on one case.
 
-    ``status`` is ``pass``, ``fail``, ``error`` (the check crashed), ``skip``, or
-    ``reference path`` (:data:`REFERENCE_PATH`: no failure, but some launch of ``fast`` ran the
+    ``status`` is ``pass``, ``fail``, ``error`` (the check crashed, or the subject changed the
+    judge's state: :mod:`batchinv.harness.isolation`), ``timeout`` (:data:`TIMEOUT`: a call of
+    the subject ran past its time limit), ``skip``, or ``reference path`` (:data:`REFERENCE_PATH`: no failure, but some launch of ``fast`` ran the
     reference; agreement there is checked against the component's oracle).
     """
 
@@ -150,13 +154,30 @@ def _baseline_of(component: Component, subject: SubjectLike) -> Baseline | None:
     return component.baseline(subject)
 
 
-def _view(component: Component, subject: SubjectLike) -> _View:
+def _view(component: Component, subject: SubjectLike, timeout: float | None) -> _View:
+    """The subject's callable behind the judge's guard (:func:`isolation.guarded`): its time
+    limit, and the judge's state checked and restored around each call."""
     if isinstance(subject, Subject):
-        return _View(bound_call(component, subject), None, accepts_partition(component, subject), None)
+        call = bound_call(component, subject)
+        return _View(
+            isolation.guarded(call, timeout, component), None, accepts_partition(component, subject), None
+        )
     if subject == FAST:
-        return _View(component.fast, component.fast_path, True, component.torch_op)
+        return _View(
+            isolation.guarded(component.fast, timeout, component),
+            component.fast_path,
+            True,
+            component.torch_op,
+        )
     b = component.baseline(subject)
-    return _View(b.fn, None, b.accepts_partition, b.modes)
+    return _View(isolation.guarded(b.fn, timeout, component), None, b.accepts_partition, b.modes)
+
+
+def _limit(lane: Lane, timeout: float | None) -> float | None:
+    """The limit on one subject call: ``timeout`` seconds (0: none), the lane's default if None."""
+    if timeout is None:
+        return isolation.default_timeout(lane)
+    return timeout if timeout > 0 else None
 
 
 def run_check(
@@ -167,6 +188,7 @@ def run_check(
     lane: Lane,
     *,
     m_limit: int | None = None,
+    timeout: float | None = None,
 ) -> CheckResult:
     """Run ``check`` (one of :data:`registry.CHECKS`, by its driver in :data:`DRIVERS`) of
     ``subject`` on ``case`` and report it.
@@ -176,21 +198,42 @@ def run_check(
     last line in ``detail``; a case an outside subject cannot express (its adapter raised
     :class:`Unsupported`) is a ``skip``.  A pin candidate runs in a subprocess under its
     environment (see :func:`run_checks`).
+
+    Every call of the subject is guarded (:mod:`batchinv.harness.isolation`): a call past
+    ``timeout`` seconds (None: the lane's default, :data:`isolation.DEFAULT_TIMEOUT`; 0: no
+    limit) makes the row ``timeout``; a call that changed the floating-point environment or the
+    judge's data (a component's reference, the registry) makes it ``error`` naming the change,
+    which is undone first.  The check itself runs with the CPU's flush-to-zero off, whatever
+    the caller's thread had (an extension built with ``-ffast-math`` sets it on import), so the
+    reference and the comparator never run under a subject's state.
     """
     baseline = _baseline_of(component, subject)
     if baseline is not None and baseline.is_pin_candidate and os.environ.get(_CHILD_ENV) != "1":
-        return run_checks(component, subject, check, [case], lane, m_limit=m_limit)[0]
+        return run_checks(component, subject, check, [case], lane, m_limit=m_limit, timeout=timeout)[0]
     result = _new_result(component, subject, check, case, lane, m_limit)
+    observer = isolation.current_observer()
+    if observer is not None:
+        observer.check_started(check, case.id)
     start = time.perf_counter()
+    entry_fp = isolation.fp_state()
     try:
-        _run(component, subject, check, case, lane, result, m_limit)
+        if entry_fp["cpu denormals-are-zero"] or entry_fp["cpu flush-to-zero"]:
+            torch.set_flush_denormal(False)
+        _run(component, subject, check, case, lane, result, m_limit, _limit(lane, timeout))
     except Unsupported as exc:  # the subject cannot express this case: not a pass, not a failure
         result.status, result.detail = "skip", f"unsupported by the subject: {exc}"
-    except Exception as exc:  # an error row, and the sweep goes on
+    except isolation.SubjectTimeout as exc:  # the run goes on; the row names the case and check
+        result.status = TIMEOUT
+        result.detail = f"a call of the subject timed out: {exc}"
+    except (Exception, SystemExit) as exc:  # an error row, and the sweep goes on (a subject's exit too)
         result.status = "error"
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         result.detail = last
+    finally:
+        isolation.restore_fp_state(entry_fp)
     result.seconds = time.perf_counter() - start
+    if observer is not None:
+        observer.check_ended(result)
     return result
 
 
@@ -259,9 +302,10 @@ def _run(
     lane: Lane,
     result: CheckResult,
     m_limit: int | None,
+    timeout: float | None,
 ) -> None:
     """Run ``check`` through its driver in :data:`DRIVERS` and write the row into ``result``."""
-    run = _prepare(component, subject, check, case, lane, result, m_limit)
+    run = _prepare(component, subject, check, case, lane, result, m_limit, timeout)
     reason = _not_applicable(run)
     if reason:
         result.status, result.detail = "skip", reason
@@ -282,11 +326,12 @@ def _prepare(
     lane: Lane,
     result: CheckResult,
     m_limit: int | None,
+    timeout: float | None,
 ) -> _Run:
     """The case built on the lane's device and the subject wrapped as every driver calls it."""
     device = torch.device(lane_device(lane))
     batch = built(component, case, device)
-    view = _view(component, subject)
+    view = _view(component, subject, timeout)
     impl = view.call
     launches = _Launches(view.fast_path)
 
@@ -798,16 +843,22 @@ class BaselineCrashed(RuntimeError):
 
 
 def control_results(
-    component: Component, baseline: SubjectLike, lane: Lane, *, m_limit: int | None = None
+    component: Component,
+    baseline: SubjectLike,
+    lane: Lane,
+    *,
+    m_limit: int | None = None,
+    timeout: float | None = None,
 ) -> Iterator[CheckResult]:
     """The negative control of ``baseline``: its invariance checks over the lane's cases, in
-    order, ending after the first check that finds variance (``fail``) or crashes (``error``)."""
+    order, ending after the first check that finds variance (``fail``), crashes (``error``) or
+    times out (``timeout``)."""
     checks = [c for c in component.applicable_checks() if c in INVARIANCE_CHECKS]
     for case in component.cases(lane):
         for check in checks:
-            result = run_check(component, baseline, check, case, lane, m_limit=m_limit)
+            result = run_check(component, baseline, check, case, lane, m_limit=m_limit, timeout=timeout)
             yield result
-            if result.status in ("fail", "error"):
+            if result.status in ("fail", "error", TIMEOUT):
                 return
 
 
@@ -828,7 +879,7 @@ def negative_control(
     label = subject_name(baseline)
     for r in control_results(component, baseline, lane, m_limit=m_limit):
         results.append(r)
-        if r.status == "error":
+        if r.status in ("error", TIMEOUT):
             raise BaselineCrashed(
                 f"{component.name}/{label} crashed in {r.check} [{r.case}]: {r.detail}\n  repro: {r.repro}"
             )
@@ -850,17 +901,21 @@ def run_checks(
     lane: Lane,
     *,
     m_limit: int | None = None,
+    timeout: float | None = None,
 ) -> list[CheckResult]:
     """:func:`run_check` over ``cases``; a pin candidate runs them all in one subprocess (its
     environment is read once, at library handle creation, and a process start costs seconds)."""
     baseline = _baseline_of(component, subject)
     if baseline is None or not baseline.is_pin_candidate or os.environ.get(_CHILD_ENV) == "1":
-        return [run_check(component, subject, check, case, lane, m_limit=m_limit) for case in cases]
+        return [
+            run_check(component, subject, check, case, lane, m_limit=m_limit, timeout=timeout)
+            for case in cases
+        ]
     results = [_new_result(component, subject, check, case, lane, m_limit) for case in cases]
     start = time.perf_counter()
     try:
         children = _spawn_child(
-            component.name, subject_name(subject), check, cases, lane, m_limit, baseline.env or {}
+            component.name, subject_name(subject), check, cases, lane, m_limit, baseline.env or {}, timeout
         )
         for result, child in zip(results, children, strict=True):
             for key in (
@@ -891,8 +946,10 @@ def _spawn_child(
     lane: Lane,
     m_limit: int | None,
     env: Mapping[str, str],
+    timeout: float | None = None,
 ) -> list[dict[str, Any]]:
     spec = {
+        "timeout": timeout,
         "component": component,
         "subject": subject,
         "check": check,
@@ -925,7 +982,15 @@ def _child_main(argv: list[str]) -> int:
     enter_lane(lane)
     component = get(spec["component"])
     cases = [Case(component.name, c["axes"], c["seed"]) for c in spec["cases"]]
-    out = run_checks(component, spec["subject"], spec["check"], cases, lane, m_limit=spec["m_limit"])
+    out = run_checks(
+        component,
+        spec["subject"],
+        spec["check"],
+        cases,
+        lane,
+        m_limit=spec["m_limit"],
+        timeout=spec.get("timeout"),
+    )
     print(json.dumps([asdict(r) for r in out], default=str))
     return 0
 

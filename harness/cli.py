@@ -218,6 +218,40 @@ def _jobs(args: argparse.Namespace, lane: Lane) -> int:
     return jobs
 
 
+def _timeout(args: argparse.Namespace, lane: Lane) -> float | None:
+    """The limit on one subject call the run uses (``--timeout``, else the lane's default; None: none)."""
+    from batchinv.harness.isolation import default_timeout
+
+    if args.timeout is None:
+        return default_timeout(lane)
+    return args.timeout if args.timeout > 0 else None
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``: seconds, >= 0 (0: no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0 (0: no limit), got {text!r}")
+    return value
+
+
+def add_timeout(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help=(
+            "limit on one call of a subject (fast, a baseline, --subject); a call past it is a "
+            "'timeout' row, a failure, and the run goes on (default: 600 on the cpu lane, 120 on "
+            "GPU lanes; 0: no limit)"
+        ),
+    )
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -270,6 +304,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                     **env,
                     "jobs": jobs,
                     "max_m": args.max_m,
+                    "timeout": _timeout(args, lane),
                     "subjects": {c: [s.spec for s in found] for c, found in subjects.items()},
                 },
             )
@@ -278,7 +313,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             def on_result(r: CheckResult) -> None:
                 report.check(r)
                 progress.update(bar, advance=1, description=f"{r.component} {r.subject} {r.check}")
-                if r.status in ("fail", "error") and not (r.negative_control or r.pin_candidate):
+                if r.status in ("fail", "error", "timeout") and not (r.negative_control or r.pin_candidate):
                     who = r.component if r.subject == "fast" else f"{r.component}/{r.subject}"
                     progress.console.print(
                         f"{r.status.upper()} {who} {r.check} {r.case}: {r.detail}",
@@ -298,6 +333,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 jobs=jobs,
                 subjects=subjects,
                 include_fast=not only_outside,
+                timeout=args.timeout,
             )
             report.write("summary", outcome.summary())
     except KeyboardInterrupt:
@@ -407,7 +443,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
                 f"--subject: expected one of {names} or 'name=pkg.mod:attr', got {args.subject!r}"
             ) from None
     case = _validated_case(comp, lane, _axes(args.axes), args.seed, args.check)
-    r = run_check(comp, subject, args.check, case, lane, m_limit=args.max_m)
+    r = run_check(comp, subject, args.check, case, lane, m_limit=args.max_m, timeout=args.timeout)
     print(f"{r.component} {r.subject} {r.check} [{r.case}] lane={lane.value}: {r.status.upper()}")
     if r.where:
         print("  where: " + ", ".join(r.where))
@@ -487,6 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-m", type=_positive_int, default=None, help="cut the M sweep at this many rows")
     p.add_argument("--no-baselines", action="store_true", help="skip negative controls and pin candidates")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_timeout(p)
     p.add_argument(
         "--jobs",
         default="auto",
@@ -522,6 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_seed, required=True)
     p.add_argument("--axes", required=True, help="the case's axes as JSON")
     p.add_argument("--max-m", type=_positive_int, default=None)
+    add_timeout(p)
     add_lane(p)
     p.set_defaults(func=cmd_repro)
 

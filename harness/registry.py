@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from batchinv.harness.lanes import Lane
+from batchinv.reference.errors import ArgumentError
 
 if TYPE_CHECKING:  # harness.phases imports this module
     from batchinv.harness.phases import PhaseModel
@@ -585,12 +586,28 @@ class Component:
 _CACHE: dict[str, Component] = {}
 
 
+class UnknownComponent(ArgumentError, KeyError):
+    """A component name that is not registered (the message lists the registered ones).  Also
+    a ``KeyError``, what a name lookup raised before it had a type of its own."""
+
+    def __init__(self, given: Any) -> None:
+        super().__init__("component", f"a registered component, one of {list(COMPONENT_MODULES)}", given)
+        self.args = (f"unknown component(s) {given!r}; registered: {list(COMPONENT_MODULES)}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 def components(names: Sequence[str] | None = None) -> list[Component]:
-    """The registered components, in registry order, optionally only those named."""
+    """The registered components, in registry order, optionally only those named.
+
+    Raises:
+        UnknownComponent: a name that is not registered.
+    """
     wanted = list(COMPONENT_MODULES) if not names else list(names)
     unknown = [n for n in wanted if n not in COMPONENT_MODULES]
     if unknown:
-        raise KeyError(f"unknown component(s) {unknown}; registered: {list(COMPONENT_MODULES)}")
+        raise UnknownComponent(unknown if len(unknown) > 1 else unknown[0])
     out = []
     for name in wanted:
         if name not in _CACHE:
@@ -606,5 +623,12 @@ def components(names: Sequence[str] | None = None) -> list[Component]:
 
 
 def get(name: str) -> Component:
-    """The registered component ``name`` (``KeyError`` listing the names otherwise)."""
+    """The registered component ``name``.
+
+    Raises:
+        UnknownComponent: ``name`` is not registered (a ``KeyError`` too; the message lists the
+            registered names).
+    """
+    if not isinstance(name, str):
+        raise UnknownComponent(name)
     return components([name])[0]

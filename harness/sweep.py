@@ -5,19 +5,23 @@ the fast kernel; then the negative controls: each baseline's invariance checks, 
 first one that detects variance (a detection is all a negative control needs).  Pin candidates
 run their batch-prefix check on every case, since where they vary is the finding.
 
-Verdicts: a fast check is ``pass``/``fail``/``error``, or ``reference path`` where the fast
+Verdicts: a fast check is ``pass``/``fail``/``error``/``timeout`` (a call of the subject ran
+past ``timeout``: a failure, like ``error``), or ``reference path`` where the fast
 callable ran the reference instead of its kernel (counted apart from the passes, not a
 failure); a negative control is ``detected`` (some check found different bits on the baseline,
 as it must), ``inconclusive`` (nothing varied: the harness could not tell this baseline from a
 pinned kernel here — never reported as a pass), ``not reached (--max-m N)`` (nothing varied,
-but the M sweep was cut by ``--max-m``) or ``error`` (the baseline crashed: a failure of the
-sweep, never a detection); a pin candidate is ``invariant``, ``varies`` or ``error``.
+but the M sweep was cut by ``--max-m``), ``error`` (the baseline crashed: a failure of the
+sweep, never a detection) or ``timeout``; a pin candidate is ``invariant``, ``varies`` or ``error``.
 
 Execution: the work is cut into *units* — one unit per (component, case) for the fast kernel
 (its checks share one built batch), one per baseline (its checks stop at the first detection).
 With ``jobs > 1`` the units run in a pool of worker processes (``spawn``; each enters the lane,
 takes its share of the CPU threads and, on a multi-GPU machine, a GPU of its own), so Triton
 compilations and case building, the two large costs of a cold GPU sweep, run in parallel.  The
+parent watches them: a worker that dies (a segfault) or whose subject call overruns its limit
+(killed) makes the check it was running an ``error`` (naming the signal) or ``timeout`` row, a
+new worker takes its place and runs the unit's remaining checks, and the sweep goes on.  The
 verdicts do not depend on ``jobs``.
 """
 
@@ -26,18 +30,24 @@ from __future__ import annotations
 import os
 import signal
 import time
+import traceback
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from multiprocessing import get_context
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_for
 from typing import Any, TypeAlias
 
 from batchinv.harness import compile_stats
 from batchinv.harness.checks import (
     FAST,
     REFERENCE_PATH,
+    TIMEOUT,
     CheckResult,
     SubjectLike,
+    _limit,
+    _new_result,
     control_results,
     run_check,
     run_checks,
@@ -58,6 +68,7 @@ class CheckSummary:
     passed: int = 0
     failed: int = 0
     errors: int = 0
+    timeouts: int = 0  # cases where a call of the subject ran past its time limit
     skipped: int = 0
     reference_path: int = 0  # cases where fast ran the reference, not its kernel (no failure)
     rows_differing: int = 0
@@ -72,12 +83,14 @@ class CheckSummary:
 
     @property
     def cases(self) -> int:
-        return self.passed + self.failed + self.errors + self.reference_path
+        return self.passed + self.failed + self.errors + self.timeouts + self.reference_path
 
     @property
     def status(self) -> str:
         if self.errors:
             return "error"
+        if self.timeouts:
+            return TIMEOUT
         if self.failed:
             return "fail"
         if self.passed:
@@ -96,6 +109,8 @@ class CheckSummary:
                 self.first_difference = f"{r.first_difference} [{r.case}]"
         elif r.status == "error":
             self.errors += 1
+        elif r.status == TIMEOUT:
+            self.timeouts += 1
         elif r.status == REFERENCE_PATH:
             self.reference_path += 1
         else:
@@ -127,8 +142,11 @@ class ControlSummary:
 
     @property
     def is_failure(self) -> bool:
-        """A verdict that makes the sweep exit non-zero: a crash, or no detection where one is required."""
-        return self.verdict == "error" or (self.expected_to_vary and self.verdict == "inconclusive")
+        """A verdict that makes the sweep exit non-zero: a crash, a timeout, or no detection where
+        one is required."""
+        return self.verdict in ("error", TIMEOUT) or (
+            self.expected_to_vary and self.verdict == "inconclusive"
+        )
 
 
 @dataclass
@@ -155,10 +173,19 @@ class SweepOutcome:
             "check_seconds": self.check_seconds,
             "compile": vars(self.compile),
             "jobs": self.jobs,
+            "errors": sum(r.status == "error" for r in self.failures),
+            "timeouts": self.timeouts,
             "checks": [vars(c) for c in self.checks],
             "controls": [{**vars(c), "is_failure": c.is_failure} for c in self.controls],
             "not_on_lane": [{"component": name, "lanes": list(lanes)} for name, lanes in self.not_on_lane],
         }
+
+    @property
+    def timeouts(self) -> int:
+        """Rows and controls whose subject call ran past its time limit (each also a failure)."""
+        return sum(r.status == TIMEOUT for r in self.failures) + sum(
+            c.verdict == TIMEOUT for c in self.controls
+        )
 
     @property
     def check_seconds(self) -> float:
@@ -226,6 +253,8 @@ class Unit:
     component: str
     subject: SubjectLike
     case_index: int | None = None
+    #: a fast-like unit's checks, when not all of them (the rest of a unit whose worker died)
+    checks: tuple[str, ...] | None = None
 
 
 def _units(
@@ -249,24 +278,30 @@ def _units(
     return units
 
 
-def run_unit(comp: Component, unit: Unit, lane: Lane, m_limit: int | None) -> list[CheckResult]:
-    """The results of one unit, in order (a control ends at its first detection or crash)."""
+def run_unit(
+    comp: Component, unit: Unit, lane: Lane, m_limit: int | None, timeout: float | None = None
+) -> list[CheckResult]:
+    """The results of one unit, in order (a control ends at its first detection, crash or
+    timeout).  ``timeout``: the limit on one subject call (see :func:`run_check`)."""
     subject = unit.subject.loaded() if isinstance(unit.subject, Subject) else unit.subject
     if unit.case_index is not None:
         case = comp.cases(lane)[unit.case_index]
-        return [run_check(comp, subject, ch, case, lane, m_limit=m_limit) for ch in comp.applicable_checks()]
+        checks = unit.checks if unit.checks is not None else comp.applicable_checks()
+        return [run_check(comp, subject, ch, case, lane, m_limit=m_limit, timeout=timeout) for ch in checks]
     if isinstance(subject, Subject):
-        return list(control_results(comp, subject, lane, m_limit=m_limit))
+        return list(control_results(comp, subject, lane, m_limit=m_limit, timeout=timeout))
     baseline = comp.baseline(subject)
     if baseline.is_pin_candidate:  # one subprocess for every case; where it varies is the finding
-        return run_checks(comp, baseline.name, "batch_prefix", comp.cases(lane), lane, m_limit=m_limit)
-    return list(control_results(comp, baseline.name, lane, m_limit=m_limit))
+        return run_checks(
+            comp, baseline.name, "batch_prefix", comp.cases(lane), lane, m_limit=m_limit, timeout=timeout
+        )
+    return list(control_results(comp, baseline.name, lane, m_limit=m_limit, timeout=timeout))
 
 
 # --- worker processes -------------------------------------------------------------------------
 
 
-def _worker_init(lane_value: str, threads: int, jobs: int) -> None:
+def _worker_init(lane_value: str, threads: int, jobs: int, slot: int) -> None:
     """Runs once in each worker: lane first (before triton is imported), threads, GPU, compile stats."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C ends
     from batchinv.harness.lanes import enter_lane
@@ -277,10 +312,7 @@ def _worker_init(lane_value: str, threads: int, jobs: int) -> None:
 
     torch.set_num_threads(threads)
     if lane.is_gpu and torch.cuda.device_count() > 1:
-        import multiprocessing
-
-        identity = multiprocessing.current_process()._identity  # 1-based worker number
-        torch.cuda.set_device(((identity[0] - 1) if identity else 0) % torch.cuda.device_count())
+        torch.cuda.set_device(slot % torch.cuda.device_count())
     if lane.is_gpu:
         from batchinv.harness import build_cache
 
@@ -288,16 +320,58 @@ def _worker_init(lane_value: str, threads: int, jobs: int) -> None:
     compile_stats.install()
 
 
-def _worker_run(
-    unit: Unit, lane_value: str, m_limit: int | None
-) -> tuple[list[CheckResult], compile_stats.CompileStats]:
+class _PipeObserver:
+    """A worker's reports to its parent: each check as it starts and ends, each subject call as
+    it starts and ends (the parent's watchdog, :func:`_execute`)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def check_started(self, check: str, case_id: str) -> None:
+        self.conn.send(("check", check, case_id))
+
+    def check_ended(self, result: CheckResult) -> None:
+        self.conn.send(("result", result))
+
+    def call_started(self, limit: float | None) -> None:
+        self.conn.send(("call", limit))
+
+    def call_ended(self) -> None:
+        self.conn.send(("called",))
+
+
+def _worker_main(
+    conn: Connection,
+    lane_value: str,
+    threads: int,
+    jobs: int,
+    slot: int,
+    m_limit: int | None,
+    timeout: float | None,
+) -> None:
+    """A worker process: runs the units its parent sends, one at a time, until it sends None."""
+    _worker_init(lane_value, threads, jobs, slot)
+    from batchinv.harness import isolation
     from batchinv.harness.build_cache import release_device_memory
     from batchinv.harness.registry import get
 
-    before = compile_stats.snapshot()
-    results = run_unit(get(unit.component), unit, Lane(lane_value), m_limit)
-    release_device_memory()  # the other workers share this GPU
-    return results, compile_stats.snapshot() - before
+    isolation.set_observer(_PipeObserver(conn))
+    lane = Lane(lane_value)
+    while True:
+        try:
+            unit = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        if unit is None:
+            return
+        before = compile_stats.snapshot()
+        try:
+            results = run_unit(get(unit.component), unit, lane, m_limit, timeout)
+        except Exception as exc:  # outside any check (an outside subject's import): the parent's row
+            conn.send(("failed", traceback.format_exception_only(type(exc), exc)[-1].strip()))
+            continue
+        release_device_memory()  # the other workers share this GPU
+        conn.send(("done", results, compile_stats.snapshot() - before))
 
 
 def default_jobs() -> int:
@@ -306,57 +380,223 @@ def default_jobs() -> int:
     return max(1, min(12, os.cpu_count() or 1))
 
 
+def _grace(limit: float) -> float:
+    """How long past a call's limit the parent waits for the worker's own timer before it kills."""
+    return max(2.0, 0.25 * limit)
+
+
+@dataclass
+class _Job:
+    """One unit's run in one worker (a unit resumed after a crash is a second job)."""
+
+    index: int  # the unit's place in the sweep's list
+    unit: Unit
+    results: list[CheckResult] = field(default_factory=list)
+    check: tuple[str, str] | None = None  # (check, case id) in flight
+    call_since: float | None = None
+    call_limit: float | None = None
+
+
+@dataclass
+class _Worker:
+    proc: Any
+    conn: Connection
+    job: _Job | None = None
+
+
+def _planned(comp: Component, unit: Unit, lane: Lane) -> list[tuple[str, int]]:
+    """(check, case index) of every check the unit can run, in order."""
+    cases = range(len(comp.cases(lane)))
+    if unit.case_index is not None:
+        return [(ch, unit.case_index) for ch in (unit.checks or comp.applicable_checks())]
+    if isinstance(unit.subject, str) and comp.baseline(unit.subject).is_pin_candidate:
+        return [("batch_prefix", i) for i in cases]
+    return [(ch, i) for i in cases for ch in _invariance_checks(comp)]
+
+
+def _lost_row(
+    comp: Component, job: _Job, lane: Lane, m_limit: int | None, status: str, why: str
+) -> tuple[CheckResult, list[str]]:
+    """The row of the check a dead (or killed) worker was running, and the unit's checks left
+    after it that can still run (a fast-like unit's; a control ends at an error)."""
+    planned = _planned(comp, job.unit, lane)
+    cases = comp.cases(lane)
+    if job.check is not None:
+        check, case_id = job.check
+        index = next((i for i, c in enumerate(cases) if c.id == case_id), 0)
+        at = next((k for k, p in enumerate(planned) if p == (check, index)), len(job.results))
+    else:
+        at = min(len(job.results), len(planned) - 1)
+        check, index = planned[at] if planned else ("agreement", job.unit.case_index or 0)
+    row = _new_result(comp, job.unit.subject, check, cases[index], lane, m_limit)
+    row.status = status
+    row.detail = why
+    rest = [ch for ch, _ in planned[at + 1 :]] if job.unit.case_index is not None else []
+    return row, rest
+
+
+def _signal_name(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
+
+
 def _execute(
     comps: dict[str, Component],
     units: list[Unit],
     lane: Lane,
     m_limit: int | None,
     jobs: int,
+    timeout: float | None = None,
 ) -> Iterable[tuple[Unit, list[CheckResult], compile_stats.CompileStats]]:
-    """Yield each unit's results as it completes (in order when ``jobs == 1``)."""
+    """Yield each unit's results as it completes (in order when ``jobs == 1``).
+
+    With ``jobs > 1`` the units run in that many worker processes, one unit at a time each.  A
+    worker that dies (a segfault in a kernel, ``os._exit``) makes the check it was running an
+    ``error`` row naming the signal; a worker whose subject call runs past its limit (plus a
+    grace for the worker's own timer) is killed and the check is a ``timeout`` row.  Either way
+    a new worker takes its place, the unit's remaining checks run there, and the sweep goes on.
+    """
     if jobs <= 1:
         compile_stats.install()
         for unit in units:
             before = compile_stats.snapshot()
-            results = run_unit(comps[unit.component], unit, lane, m_limit)
+            results = run_unit(comps[unit.component], unit, lane, m_limit, timeout)
             yield unit, results, compile_stats.snapshot() - before
         return
+    limit = _limit(lane, timeout)
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    pool = ProcessPoolExecutor(
-        max_workers=jobs,
-        mp_context=get_context("spawn"),
-        initializer=_worker_init,
-        initargs=(lane.value, threads, jobs),
-    )
-    pending: dict[Future[Any], Unit] = {}
-    # Workers are started while units are submitted; they are born with SIGINT ignored (an
-    # ignored signal stays ignored across exec), so a Ctrl-C in the terminal reaches only this
-    # process, which ends them: no worker prints a traceback from the middle of an import.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ctx = get_context("spawn")
+
+    def start(slot: int) -> _Worker:
+        ours, theirs = ctx.Pipe()
+        proc = ctx.Process(
+            target=_worker_main,
+            args=(theirs, lane.value, threads, jobs, slot, m_limit, timeout),
+            daemon=False,  # a worker may start processes of its own (torch.compile's compile workers)
+        )
+        # Workers are born with SIGINT ignored (an ignored signal stays ignored across exec),
+        # so a Ctrl-C in the terminal reaches only this process, which ends them: no worker
+        # prints a traceback from the middle of an import.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            proc.start()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        theirs.close()
+        return _Worker(proc, ours)
+
+    queue: deque[_Job] = deque(_Job(i, u) for i, u in enumerate(units))
+    collected: dict[int, list[CheckResult]] = {i: [] for i in range(len(units))}
+    workers = [start(slot) for slot in range(min(jobs, len(units)))]
+
+    def finish(job: _Job, results: list[CheckResult], stats: compile_stats.CompileStats) -> Any:
+        collected[job.index] += results
+        return units[job.index], collected.pop(job.index), stats
+
+    def lost_in_place(job: _Job, why: str) -> Any:
+        row, _ = _lost_row(comps[job.unit.component], job, lane, m_limit, "error", why)
+        collected[job.index] += [*job.results, row]
+        return units[job.index], collected.pop(job.index), compile_stats.CompileStats()
+
+    def lost(slot: int, job: _Job, status: str, why: str) -> Any:
+        comp = comps[job.unit.component]
+        row, rest = _lost_row(comp, job, lane, m_limit, status, why)
+        collected[job.index] += [*job.results, row]
+        workers[slot].conn.close()
+        workers[slot] = start(slot)
+        if rest:  # the unit's other checks still run, in the new worker
+            u = job.unit
+            queue.appendleft(_Job(job.index, Unit(u.component, u.subject, u.case_index, tuple(rest))))
+            return None
+        return units[job.index], collected.pop(job.index), compile_stats.CompileStats()
+
     try:
-        for unit in units:
-            sent = (
-                Unit(unit.component, unit.subject.without_fn(), unit.case_index)
-                if isinstance(unit.subject, Subject)
-                else unit
-            )
-            pending[pool.submit(_worker_run, sent, lane.value, m_limit)] = unit
+        while queue or any(w.job is not None for w in workers):
+            for w in workers:
+                if w.job is None and queue:
+                    w.job = queue.popleft()
+                    u = w.job.unit
+                    sent = (
+                        Unit(u.component, u.subject.without_fn(), u.case_index, u.checks)
+                        if isinstance(u.subject, Subject)
+                        else u
+                    )
+                    try:
+                        w.conn.send(sent)
+                    except OSError:  # the worker is gone: found below, its unit's row says so
+                        pass
+            busy = [w for w in workers if w.job is not None]
+            wait_for([x for w in busy for x in (w.conn, w.proc.sentinel)], timeout=1.0)
+            for slot, w in enumerate(workers):
+                job = w.job
+                if job is None:
+                    continue
+                done: Any = None
+                dead = False
+                try:
+                    while done is None and w.conn.poll():
+                        msg = w.conn.recv()
+                        if msg[0] == "check":
+                            job.check = (msg[1], msg[2])
+                        elif msg[0] == "result":
+                            job.results.append(msg[1])
+                            job.check = None
+                        elif msg[0] == "call":
+                            job.call_since, job.call_limit = time.monotonic(), msg[1]
+                        elif msg[0] == "called":
+                            job.call_since = None
+                        elif msg[0] == "done":
+                            done = finish(job, msg[1], msg[2])
+                        elif msg[0] == "failed":
+                            done = lost_in_place(job, msg[1])
+                except (EOFError, OSError):
+                    dead = True
+                if done is not None:
+                    w.job = None
+                    yield done
+                    continue
+                where = f" in {job.check[0]} [{job.check[1]}]" if job.check else ""
+                if dead or not w.proc.is_alive():
+                    w.proc.join(5)
+                    w.job = None
+                    why = f"the worker process died ({_signal_name(w.proc.exitcode)}){where}; a new worker runs the rest"
+                    out = lost(slot, job, "error", why)
+                    if out is not None:
+                        yield out
+                    continue
+                overrun = job.call_since is not None and (job.call_limit or limit)
+                if overrun and time.monotonic() - (job.call_since or 0.0) > overrun + _grace(overrun):
+                    w.proc.kill()
+                    w.proc.join(5)
+                    w.job = None
+                    why = (
+                        f"a call of the subject ran past the limit of {overrun:g} s{where} and did not "
+                        "return to the interpreter: the worker was killed; a new worker runs the rest"
+                    )
+                    out = lost(slot, job, TIMEOUT, why)
+                    if out is not None:
+                        yield out
     finally:
-        signal.signal(signal.SIGINT, previous)
-    try:
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                unit = pending.pop(fut)
-                results, stats = fut.result()
-                yield unit, results, stats
-    finally:
-        if pending:  # interrupted: end the workers now instead of waiting for their units
-            for proc in list(getattr(pool, "_processes", {}).values()):
-                proc.terminate()
-        # No future is cancelled by hand: the pool fails the pending ones itself once its
-        # workers are gone (cancelling them first makes its manager thread raise).
-        pool.shutdown(wait=True)
+        for w in workers:
+            if w.job is None and w.proc.is_alive():
+                try:
+                    w.conn.send(None)
+                except OSError:
+                    pass
+        for w in workers:
+            if w.job is not None:  # interrupted: end the worker now instead of waiting for its unit
+                w.proc.terminate()
+            w.proc.join(10)
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join()
+            w.conn.close()
 
 
 def _check_registered(components: Sequence[Component]) -> None:
@@ -381,6 +621,7 @@ def run_sweep(
     jobs: int = 1,
     subjects: Subjects | None = None,
     include_fast: bool = True,
+    timeout: float | None = None,
 ) -> SweepOutcome:
     """Run the sweep; ``on_result`` sees every result as it is made, ``on_skip`` is told how many
     planned tasks a detected negative control made unnecessary (for the progress bar).
@@ -390,6 +631,9 @@ def run_sweep(
     negative control that must vary.  ``include_fast=False`` leaves out the component's own
     fast kernel (a sweep of outside subjects alone).  ``jobs > 1`` runs the units in that many
     worker processes (registered components, and outside subjects with an import path, only).
+    ``timeout``: the limit on one subject call, seconds (None: the lane's default; 0: none); a
+    call past it is a ``timeout`` row (a failure) and the sweep goes on.  A worker process that
+    dies is an ``error`` row naming its check and signal (see :func:`_execute`).
     Raises ``KeyboardInterrupt`` through after ending the workers.
     """
     start = time.perf_counter()
@@ -425,7 +669,7 @@ def run_sweep(
     failures: list[CheckResult] = []
     stats = compile_stats.CompileStats()
     for unit, results, unit_stats in _execute(
-        by_name, _units(comps, lane, include_baselines, subjects, include_fast), lane, m_limit, jobs
+        by_name, _units(comps, lane, include_baselines, subjects, include_fast), lane, m_limit, jobs, timeout
     ):
         stats = stats + unit_stats
         comp = by_name[unit.component]
@@ -434,7 +678,7 @@ def run_sweep(
             for r in results:
                 on_result(r)
                 checks[(comp.name, name, r.check)].add(r)
-                if r.status in ("fail", "error"):
+                if r.status in ("fail", "error", TIMEOUT):
                     failures.append(r)
             continue
         baseline = comp.baseline(name) if isinstance(unit.subject, str) else None
@@ -490,8 +734,9 @@ def _fold_control(
             if ctrl.verdict == "inconclusive":
                 ctrl.detail, ctrl.repro = r.detail, r.repro
                 ctrl.verdict = "varies" if pin_candidate else "detected"
-        elif r.status == "error" and ctrl.verdict != "error":
-            ctrl.verdict = "error"
-            ctrl.detail = f"the baseline crashed in {r.check} [{r.case}]: {r.detail}"
+        elif r.status in ("error", TIMEOUT) and ctrl.verdict not in ("error", TIMEOUT):
+            ctrl.verdict = r.status
+            what = "crashed" if r.status == "error" else "timed out"
+            ctrl.detail = f"the baseline {what} in {r.check} [{r.case}]: {r.detail}"
             ctrl.repro = r.repro
     ctrl.where = "; ".join(wheres[:3]) + (f" (+{len(wheres) - 3} more)" if len(wheres) > 3 else "")

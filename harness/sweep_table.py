@@ -9,13 +9,21 @@ from typing import Any
 from batchinv.harness.lanes import Lane
 from batchinv.harness.sweep import SweepOutcome
 
-_STYLE = {"pass": "green", "fail": "red", "error": "red", "skip": "dim", "reference path": "yellow"}
+_STYLE = {
+    "pass": "green",
+    "fail": "red",
+    "error": "red",
+    "timeout": "red",
+    "skip": "dim",
+    "reference path": "yellow",
+}
 _VERDICT_STYLE = {
     "detected": "green",
     "invariant": "cyan",
     "varies": "yellow",
     "inconclusive": "red",
     "error": "red",
+    "timeout": "red",
 }
 
 
@@ -55,8 +63,8 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
         else:
             nc = "-"
         status = f"[{_STYLE[c.status]}]{c.status}[/]"
-        if c.status in ("fail", "error") and c.cases:
-            status += f" ({c.failed + c.errors}/{c.cases})"
+        if c.status in ("fail", "error", "timeout") and c.cases:
+            status += f" ({c.failed + c.errors + c.timeouts}/{c.cases})"
         if c.reference_path and c.status != "reference path":
             status += f" [yellow]({c.reference_path} reference path)[/]"
         if c.skipped and c.status != "skip":
@@ -110,8 +118,8 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
         if ctrl.repro and ctrl.verdict in ("detected", "varies"):
             _line(console, f"{ctrl.component}/{ctrl.baseline} {ctrl.verdict}; repro: {ctrl.repro}")
     for ctrl in outcome.controls:
-        if ctrl.verdict == "error":
-            _line(console, f"ERROR baseline {ctrl.component}/{ctrl.baseline}: {ctrl.detail}")
+        if ctrl.verdict in ("error", "timeout"):
+            _line(console, f"{ctrl.verdict.upper()} baseline {ctrl.component}/{ctrl.baseline}: {ctrl.detail}")
             _line(console, f"  repro: {ctrl.repro}")
         elif ctrl.is_failure:
             _line(
@@ -139,8 +147,9 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
         console.print("[green]OK[/]")
         return 0
     failed_controls = sum(c.is_failure for c in outcome.controls)
+    timeouts = f", {outcome.timeouts} timed out" if outcome.timeouts else ""
     console.print(
-        f"[red]FAILED[/] ({len(outcome.failures)} failing fast checks, {failed_controls} failing controls)"
+        f"[red]FAILED[/] ({len(outcome.failures)} failing fast checks, {failed_controls} failing controls{timeouts})"
     )
     return 1
 

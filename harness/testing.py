@@ -31,6 +31,7 @@ from typing import Any
 
 from batchinv.harness.checks import (
     REFERENCE_PATH,
+    TIMEOUT,
     BaselineCrashed,
     CheckResult,
     control_results,
@@ -69,6 +70,13 @@ def _target_of(fn: Callable[..., Any]) -> str | None:
     return f"{module}:{qualname}" if obj is fn else None
 
 
+def _component(component: Component | str) -> Component:
+    """``component`` itself, or the registered one of that name (:class:`UnknownComponent`)."""
+    if isinstance(component, Component):
+        return component
+    return get(component)
+
+
 def as_subject(
     component: Component | str,
     fn: Callable[..., Any] | Subject,
@@ -85,10 +93,15 @@ def as_subject(
     imported back from it (else repro lines name it without one).
 
     Raises:
-        SubjectError: a signature that does not bind (naming the component's parameters), a
-            bad name or role.
+        SubjectError: ``fn`` is not callable, a signature that does not bind (naming the
+            component's parameters), a bad name or role.
+        UnknownComponent: ``component`` names no registered component (the message lists them).
     """
-    comp = get(component) if isinstance(component, str) else component
+    comp = _component(component)
+    if not isinstance(fn, Subject) and not callable(fn):
+        raise SubjectError(
+            "fn", "a callable (or a Subject) with the component's signature", type(fn).__name__
+        )
     if isinstance(fn, Subject):
         subject = fn.loaded()
     else:
@@ -124,12 +137,13 @@ class SubjectReport:
 
     @property
     def failures(self) -> list[CheckResult]:
-        """Rows that failed (for a baseline: the detections) or crashed."""
-        return [r for r in self.results if r.status in ("fail", "error")]
+        """Rows that failed (for a baseline: the detections), crashed or timed out."""
+        return [r for r in self.results if r.status in ("fail", "error", TIMEOUT)]
 
     @property
     def errors(self) -> list[CheckResult]:
-        return [r for r in self.results if r.status == "error"]
+        """Rows that crashed or timed out (never a pass nor a detection)."""
+        return [r for r in self.results if r.status in ("error", TIMEOUT)]
 
     @property
     def ok(self) -> bool:
@@ -167,6 +181,7 @@ def check_subject(
     role: str | None = None,
     checks: Sequence[str] | None = None,
     m_limit: int | None = None,
+    timeout: float | None = None,
 ) -> SubjectReport:
     """Check ``fn`` as a subject of ``component`` on ``lane`` and return every result.
 
@@ -176,12 +191,20 @@ def check_subject(
     ``m_limit`` cuts the M sweep as ``--max-m`` does.  Nothing raises for a failing check (see
     :attr:`SubjectReport.ok` and :meth:`SubjectReport.summary`).
 
+    ``timeout``: the limit on one call of ``fn``, in seconds (None: the lane's default,
+    :data:`batchinv.harness.isolation.DEFAULT_TIMEOUT`; 0: none); a call past it is a
+    ``timeout`` row and the next check runs.  In this process the limit is a ``SIGALRM`` timer,
+    so it interrupts a call only from the main thread and only where the call returns to the
+    interpreter (Python code, a ``sleep``); a call hung inside C code is interrupted only by a
+    sweep's worker processes (``batchinv sweep --jobs 2``), whose parent kills the worker.
+
     Raises:
-        SubjectError: the signature does not bind, or ``checks`` names a check that does not
-            apply to the component.
+        SubjectError: ``fn`` is not callable, the signature does not bind, or ``checks`` names
+            a check that does not apply to the component.
+        UnknownComponent: ``component`` names no registered component (the message lists them).
     """
     chosen = _lane(lane)
-    comp = get(component) if isinstance(component, str) else component
+    comp = _component(component)
     subject = as_subject(comp, fn, name=name, adapter=adapter, role=role)
     applicable = comp.applicable_checks()
     wanted = list(checks) if checks is not None else list(applicable)
@@ -189,10 +212,10 @@ def check_subject(
     if unknown:
         raise SubjectError("checks", f"checks of {comp.name} ({', '.join(applicable)})", unknown)
     if subject.is_baseline:
-        results = list(control_results(comp, subject, chosen, m_limit=m_limit))
+        results = list(control_results(comp, subject, chosen, m_limit=m_limit, timeout=timeout))
     else:
         results = [
-            run_check(comp, subject, ch, case, chosen, m_limit=m_limit)
+            run_check(comp, subject, ch, case, chosen, m_limit=m_limit, timeout=timeout)
             for case in comp.cases(chosen)
             for ch in wanted
         ]
@@ -265,7 +288,7 @@ def assert_subject(
     r = run_check(get(point.component), subject, point.check, point.case, point.lane, m_limit=point.m_limit)
     if r.status == "skip":
         pytest.skip(r.detail)
-    if r.status in ("fail", "error"):
+    if r.status in ("fail", "error", TIMEOUT):
         pytest.fail(
             f"{r.status.upper()} {r.component}/{r.subject} {r.check} [{r.case}]: {r.detail}\n  repro: {r.repro}"
         )
@@ -291,7 +314,7 @@ def assert_varies(
         component, fn, lane=lane, name=name, adapter=adapter, role="baseline", m_limit=m_limit
     )
     for r in report.results:
-        if r.status == "error":
+        if r.status in ("error", TIMEOUT):
             raise BaselineCrashed(
                 f"{r.component}/{r.subject} crashed in {r.check} [{r.case}]: {r.detail}\n  repro: {r.repro}"
             )
