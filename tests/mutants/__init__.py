@@ -415,12 +415,13 @@ MUTANTS: tuple[Mutant, ...] = (
         every_case=lambda case: int(case.axes["T"]) > missing_cases.LARGE_LAUNCH_TOKENS,
     ),
     Mutant(
-        "decode_attention_split_from_the_table_width",
+        "decode_attention_split_one_chunk_longer",
         "decode_attention",
-        missing_cases.decode_attention_split_from_the_table_width,
-        "split_tokens doubled while the launch's table holds more than 4 splits: a request's split "
-        "boundaries follow the widest request beside it",
-        ("co_batch",),
+        missing_cases.decode_attention_split_one_chunk_longer,
+        "split_tokens one chunk longer than the table's: every split boundary moves",
+        ("agreement",),
+        # both order-exact cases (their lengths are 4 splits of the table's split_tokens)
+        every_case=lambda case: case.axes["lengths"] == "merge_order",
     ),
     Mutant(
         "grouped_gemm_dropped_partial_k_tile",

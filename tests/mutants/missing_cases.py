@@ -1,6 +1,6 @@
 """Mutants of issue 25 (sections 4 and 6): the router's group rule, and the survivor classes that
 the cpu sweep's former cases let through (sigmoid at top_k == E, a double rounding in the
-combine, a grouped GEMM config keyed on the token count, a decode split keyed on the launch).
+combine, a grouped GEMM config keyed on the token count, a decode split off its table value).
 
 Each builds a subject with its component's fast signature (see :mod:`tests.mutants`)."""
 
@@ -89,24 +89,19 @@ def grouped_gemm_block_k_from_token_count() -> Callable[..., Any]:
 
 # --- decode_attention --------------------------------------------------------------------------
 
-#: Splits above which the mutant's launcher doubles the split (a cap on the grid's split axis).
-SPLIT_CAP = 4
+
+def _one_chunk_longer(config: Any) -> Any:
+    """``config`` with its split one chunk (``block_n``) longer: every boundary moves."""
+    return replace(config, split_tokens=config.split_tokens + config.block_n)
 
 
-def _split_capped_by_the_table(config: Any, shape: Any) -> Any:
-    """``config`` with split_tokens doubled while the launch's table would hold more than
-    :data:`SPLIT_CAP` splits: the split size then follows the widest request of the launch."""
-    while attention_launcher.max_splits(shape, config.split_tokens) > SPLIT_CAP:
-        config = replace(config, split_tokens=2 * config.split_tokens)
-    return config
-
-
-def decode_attention_split_from_the_table_width() -> Callable[..., Any]:
+def decode_attention_split_one_chunk_longer() -> Callable[..., Any]:
+    """The launcher's split_tokens off by one chunk (48 slots on the cpu lane, not 32): a token's
+    split boundaries, and so its merge tree, are not the table's."""
     return mutate(  # type: ignore[no-any-return]
         attention_launcher,
         "decode_attention",
         "config = decode_attention_config(arch(q.device), shape.head_dim, q.dtype)",
-        "config = split_capped_by_the_table("
-        "decode_attention_config(arch(q.device), shape.head_dim, q.dtype), shape)",
-        extra_globals={"split_capped_by_the_table": _split_capped_by_the_table},
+        "config = one_chunk_longer(decode_attention_config(arch(q.device), shape.head_dim, q.dtype))",
+        extra_globals={"one_chunk_longer": _one_chunk_longer},
     )
