@@ -56,9 +56,10 @@ def moe_router(
 
     Selection ranks experts by the int32 monotone key of an fp32 selection value (softmax: the
     logit; sigmoid: ``fp32(sigmoid64(logit)) + bias`` with NaNs canonicalized), exact ties to the
-    lower expert id; grouped (``n_group > 1``): the ``topk_group`` groups with the largest
-    ``fp32(best + second best)`` value are kept (ties to the lower group) and the experts are
-    taken among them.  Weights: the chosen experts' softmax (over all E) or sigmoid scores in
+    lower expert id; grouped (``n_group > 1``): the ``topk_group`` groups with the largest score
+    are kept (ties to the lower group) and the experts are taken among them -- a group's score
+    is its best key without a bias, ``fp32(best + second best)`` biased value with one (vLLM's
+    ``grouped_topk``, DeepSeek-V3's group-limited routing); NaN groups rank as NaN experts do.  Weights: the chosen experts' softmax (over all E) or sigmoid scores in
     fp64, divided by their slot-order sum when ``renormalize``, rounded once to fp32.  The full
     contract is :func:`batchinv.reference.moe_router.moe_router` and docs/MOE.md, section 1.
 
@@ -138,7 +139,7 @@ def launch(
             SIGMOID=routing.scoring == "sigmoid",
             HAS_BIAS=correction_bias is not None,
             GROUPED=routing.grouped,
-            IS_PAIR=group_size >= 2,
+            IS_PAIR=group_size >= 2 and correction_bias is not None,  # else: the group's best key
             RENORMALIZE=routing.renormalize,
             num_warps=select_num_warps(arch(device), block_g * block_s),
         )

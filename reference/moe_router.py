@@ -17,11 +17,21 @@ Selection.  Each expert gets an fp32 *selection value* ``v``:
 Ranking is by :func:`batchinv.reference.topk.monotone_key` of ``v`` (``-0`` as ``+0``, positive
 NaNs above ``+inf``, negative NaNs below ``-inf``), exact ties to the lower expert id.
 
-Groups (``n_group > 1``): a group's score is ``fp32(a + b)`` where ``a``, ``b`` are the values of
-the group's two best keys (read back from the keys, so ``-0`` reads ``+0``; ``a`` alone when
-``S == 1``), a NaN sum canonicalized as above; the ``topk_group`` groups with the largest keys of
-their score are kept (ties to the lower group) and the ``k`` experts are chosen among the kept
-groups' experts only (never an expert of a dropped group, never a duplicate id).
+Groups (``n_group > 1``), as vLLM's ``grouped_topk`` and DeepSeek-V3's group-limited routing
+(``MoEGate`` / ``Gate``) rank them: without a correction bias a group's score is its best
+expert's value (the largest key of the group: softmax being monotone, the best logit ranks as
+the best softmax score); with a bias it is ``fp32(a + b)`` where ``a``, ``b`` are the values of
+the group's two best keys (biased sigmoid values, read back from the keys, so ``-0`` reads
+``+0``; ``a`` alone when ``S == 1``).  The ``topk_group`` groups with the largest keys of their
+score are kept (ties to the lower group) and the ``k`` experts are chosen among the kept groups'
+experts only (never an expert of a dropped group, never a duplicate id).
+
+NaN groups rank as the ungrouped path ranks NaN experts.  Without a bias a group's key is its
+best expert's key, so a group holding a positive NaN ranks above every group without one, and a
+group whose experts are all negative NaNs ranks below every group with a non-NaN expert (a
+negative NaN ranks below ``-inf``).  With a bias every NaN value is the canonical positive NaN
+(sigmoid values are canonicalized), ranking above ``+inf``; a NaN sum (a NaN member, or ``+inf +
+-inf``) is canonicalized to it too, so such a group ranks above every group with a non-NaN sum.
 
 Weights: the chosen experts' scores in fp64 -- softmax over all E ``exp(x - m) / sum_e exp(x_e -
 m)`` with ``m`` the largest non-NaN logit, or ``sigmoid64(x)`` (never the bias) -- divided by
@@ -188,12 +198,16 @@ def value_of_key(key: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
-def group_keys(key: torch.Tensor, n_group: int) -> torch.Tensor:
-    """int32 ``[T, G]``: the key of each group's score (sum of its two best values, in fp32)."""
+def group_keys(key: torch.Tensor, n_group: int, pair: bool) -> torch.Tensor:
+    """int32 ``[T, G]``: the key of each group's score (see the module docstring).
+
+    ``pair`` (a correction bias is given): the fp32 sum of the group's two best values, a NaN
+    sum canonicalized; otherwise the group's best key itself (vLLM's ``max`` over the group).
+    """
     num_tokens, num_experts = key.shape
     grouped = key.reshape(num_tokens, n_group, num_experts // n_group)  # [T, G, S]
     best = torch.sort(grouped, dim=2, descending=True, stable=True).values  # [T, G, S]
-    if grouped.shape[2] == 1:
+    if not pair or grouped.shape[2] == 1:
         return best[:, :, 0]
     total = value_of_key(best[:, :, 0].contiguous()) + value_of_key(best[:, :, 1].contiguous())  # fp32
     return monotone_key(_canonical_nan(total))
@@ -235,8 +249,10 @@ def moe_router(
         DTypeError, ArgumentError, DeviceError: see :meth:`Routing.for_logits`.
 
     Source:
-        docs/MOE.md section 1; keys as :mod:`batchinv.reference.topk`; grouped top-k as
-        DeepSeek-V3 (group score = sum of the top-2 biased sigmoid scores).
+        docs/MOE.md section 1; keys as :mod:`batchinv.reference.topk`; grouped top-k as vLLM's
+        ``grouped_topk`` (vllm/model_executor/layers/fused_moe) and DeepSeek-V3's ``Gate``
+        (inference/model.py): group score = the best score without a bias, the sum of the two
+        best biased scores with one.
     """
     routing = Routing(top_k, scoring, renormalize, correction_bias, n_group, topk_group)
     return route(logits, routing.for_logits(logits))
@@ -251,7 +267,7 @@ def route(logits: torch.Tensor, routing: Routing) -> tuple[torch.Tensor, torch.T
     key = selection_keys(logits, scoring, correction_bias)  # [T, E] int32
     eligible = torch.ones(num_tokens, num_experts, dtype=torch.bool, device=device)
     if routing.grouped and num_tokens:
-        gkey = group_keys(key, n_group)  # [T, G]
+        gkey = group_keys(key, n_group, correction_bias is not None)  # [T, G]
         order = torch.sort(gkey, dim=1, descending=True, stable=True).indices  # [T, G]
         kept = torch.zeros(num_tokens, n_group, dtype=torch.bool, device=device)
         kept.scatter_(1, order[:, :topk_group], True)

@@ -49,10 +49,10 @@ def torch_topk_router(
     choice = scores + bias[None, :] if bias is not None else scores
     if routing.grouped:
         grouped = choice.view(num_tokens, routing.n_group, -1)
-        if grouped.shape[2] >= 2:
+        if bias is not None and grouped.shape[2] >= 2:  # vLLM: the top-2 sum with a bias ...
             group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, G]
-        else:
-            group_scores = grouped[:, :, 0]
+        else:  # ... the group's max without one
+            group_scores = grouped.amax(dim=-1)
         group_idx = torch.topk(group_scores, routing.topk_group, dim=-1).indices  # [T, topk_group]
         mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1.0)
         keep = mask[:, :, None].expand_as(grouped).reshape(num_tokens, num_experts)

@@ -44,7 +44,8 @@ def _sigmoid64(x):
 
 @triton.jit
 def _group_keys(key64, valid, IS_PAIR: tl.constexpr):
-    """int32 ``[BLOCK_G]``: the key of each group's score, fp32(best + second best value)."""
+    """int32 ``[BLOCK_G]``: the key of each group's score: fp32(best + second best value) when
+    ``IS_PAIR`` (a correction bias, groups of >= 2), else the group's best key (vLLM's max)."""
     masked = tl.where(valid, key64, KEY_SENTINEL)
     best = tl.max(masked, axis=1)  # [BLOCK_G]
     if IS_PAIR:

@@ -282,7 +282,10 @@ def routing_cutoffs(hidden: torch.Tensor, shared: dict[str, Any]) -> dict[str, t
     group_tie = torch.zeros(t, dtype=torch.bool, device=key.device)
     if n_group > 1 and topk_group < n_group:
         g = key.view(t, n_group, e // n_group)
-        top2 = g.topk(min(2, e // n_group), dim=2).values.sum(dim=2)  # [T, G]
+        if shared["correction_bias"] is not None:  # the router's group score (docs/MOE.md)
+            top2 = g.topk(min(2, e // n_group), dim=2).values.sum(dim=2)  # [T, G]
+        else:
+            top2 = g.amax(dim=2)  # without a bias: the group's best key
         ok, group_tie, tied = _cutoff(top2, gcls[None, :].expand(t, -1), topk_group, 2 * need)
         stable &= ok
         kept = torch.zeros(t, n_group, dtype=torch.bool, device=key.device)

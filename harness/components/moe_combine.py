@@ -14,6 +14,12 @@ Value kinds of ``expert_out`` (y) and ``topk_weights`` (w), built from the seed 
   s is lost to B's grid, and in fp32 s is rounded to S's grid.  For k < 5, slots 0 and 1 hold
   B and -B with weights that differ in their last bits, so the fp64 difference of the products
   is exact and fp32 products lose it.
+* ``tie16`` (k >= 3): sums just off a rounding tie of the output dtype, ``v * (m + h +- d)``
+  with ``v = +-2^e``, ``m`` a random p-bit significand, ``h`` half its ULP and ``d`` = 2^-40
+  (2^-44 for fp32) towards the odd neighbour (slot 0 ``v m`` weight 1, slot 1 ``v`` weight ``h``,
+  slot 2 ``v`` weight ``+-d``, later slots weight 0): the fp64 sum is exact and rounds once away
+  from the tie, while a rounding through fp32 first lands on the tie and goes to even (the
+  double rounding fp64 -> fp32 -> 16 bit, issue 25 section 6).
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ from batchinv.reference.moe_combine import DTYPES
 from batchinv.reference.moe_combine import moe_combine as reference_moe_combine
 
 NAME = "moe_combine"
-VALUES: tuple[str, ...] = ("normal", "specials", "cancel")
+VALUES: tuple[str, ...] = ("normal", "specials", "cancel", "tie16")
+#: Significand bits (with the implicit one) of each output dtype: where its rounding ties lie.
+_PRECISION = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}
 
 
 def _mantissa(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
@@ -86,7 +94,34 @@ def build_values(
         if dtype == torch.float16:  # fp16 holds no 2**50: scale the pattern into its range
             y64 = y64 * 2.0**-40
         return y64.to(dtype), w
+    if kind == "tie16":
+        return _tie16(num_tokens, top_k, hidden, dtype, gen)
     raise ValueError(f"values: expected one of {VALUES}, got {kind!r}")
+
+
+def _tie16(
+    num_tokens: int, top_k: int, hidden: int, dtype: torch.dtype, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``tie16`` values (module docstring): per token one significand, per element a sign
+    and an exponent in [-6, 6]; slots 0..2 as described, the rest weight 0."""
+    if top_k < 3:
+        raise ValueError(f"tie16: expected k >= 3, got {top_k}")
+    p = _PRECISION[dtype]
+    ulp = 2.0 ** (1 - p)
+    odd = torch.randint(0, 2, (num_tokens,), generator=gen).double()  # the significand's last bit
+    m = 1.0 + (2 * torch.randint(0, 2 ** (p - 2), (num_tokens,), generator=gen).double() + odd) * ulp
+    # away from even: up from an even significand, down from an odd one
+    d = torch.where(odd == 0, 1.0, -1.0) * (2.0**-44 if dtype == torch.float32 else 2.0**-40)
+    shape = (num_tokens, hidden)
+    sign = torch.where(torch.rand(shape, generator=gen) < 0.5, -1.0, 1.0).double()
+    v = sign * torch.exp2(torch.randint(-6, 7, shape, generator=gen).double())
+    y = torch.zeros(num_tokens, top_k, hidden, dtype=torch.float64)
+    y[:, 0] = v * m[:, None]
+    y[:, 1] = v
+    y[:, 2] = v
+    w = torch.zeros(num_tokens, top_k, dtype=torch.float64)
+    w[:, 0], w[:, 1], w[:, 2] = 1.0, ulp / 2, d
+    return y.to(dtype), w.float()
 
 
 def build(case: Case, device: torch.device) -> Batch:
@@ -136,6 +171,9 @@ def cases(lane: Lane) -> Sequence[Case]:
         c(8, 8, 96, "float32", "cancel", layout="strided", seed=6),
         c(7, 8, 64, values="cancel", weights=False, seed=7),
         c(1, 2, 64, values="normal", seed=8),
+        # just off a 16-bit tie: a double rounding fp64 -> fp32 -> 16 bit goes to even
+        c(5, 3, 32, values="tie16", seed=9),
+        c(5, 4, 32, "float16", "tie16", layout="strided", seed=10),
     ]
     if lane.is_gpu:
         out += [
@@ -144,6 +182,8 @@ def cases(lane: Lane) -> Sequence[Case]:
             c(1000, 2, 2048, values="specials", seed=12),
             c(4096, 6, 5120, "float16", "normal", weights=False, seed=13),
             c(513, 8, 4096, "float32", "cancel", layout="strided", seed=14),
+            c(1000, 8, 4096, values="tie16", seed=15),
+            c(1000, 6, 2048, "float16", "tie16", seed=16),
         ]
     return out
 

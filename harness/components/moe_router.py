@@ -170,6 +170,8 @@ def cases(lane: Lane) -> Sequence[Case]:
             make_case(5, 16, 2, "sigmoid", False, "quantized", 4, 2, layout="strided", seed=5),
             make_case(5, 16, 8, "softmax", True, n_group=4, topk_group=2, seed=6),  # grouped softmax
             make_case(6, 16, 2, "sigmoid", True, "quantized", 8, 1, rows="saturating", seed=7),
+            make_case(4, 8, 8, "sigmoid", True, seed=8),  # k = E, sigmoid: the sum is not 1
+            make_case(4, 32, 4, "sigmoid", True, n_group=8, topk_group=2, rows="normal", seed=9),
         ]
     return [
         make_case(2048, 128, 8, "softmax", True, seed=0),  # Qwen3-30B-A3B-like

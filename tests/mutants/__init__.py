@@ -22,7 +22,7 @@ from batchinv.fast.matmul_config import reduction_tree
 from batchinv.harness.registry import Case
 
 from . import decode_partition_plan as plan_mutants
-from . import emulated, kernels
+from . import emulated, kernels, missing_cases
 from . import prefill_attention as prefill_mutants
 from . import sdpa_attention as sdpa_mutants
 
@@ -376,6 +376,52 @@ MUTANTS: tuple[Mutant, ...] = (
         "the last slot's fp32 weight one ULP up, whatever its value",
         ("agreement",),
         every_case=lambda case: True,
+    ),
+    Mutant(
+        "moe_router_group_score_top2_without_bias",
+        "moe_router",
+        missing_cases.moe_router_group_score_top2_without_bias,
+        "without a correction bias groups ranked by their two best keys' sum, not their best (the "
+        "rule before issue 25 section 4; vLLM and DeepSeek-V3 take the group max)",
+        ("agreement",),
+    ),
+    Mutant(
+        "moe_router_full_k_not_renormalized",
+        "moe_router",
+        missing_cases.moe_router_full_k_not_renormalized,
+        "renormalize skipped when top_k == E (only softmax scores sum to 1 there)",
+        ("agreement",),
+        every_case=lambda case: (
+            case.axes["scoring"] == "sigmoid"
+            and case.axes["top_k"] == case.axes["num_experts"]
+            and bool(case.axes["renormalize"])
+        ),
+    ),
+    Mutant(
+        "moe_combine_double_rounding",
+        "moe_combine",
+        missing_cases.moe_combine_double_rounding,
+        "the fp64 sum rounded to fp32, then to bf16 / fp16, both to nearest (a tie goes to even)",
+        ("agreement",),
+        every_case=lambda case: case.axes["values"] == "tie16" and case.axes["dtype"] != "float32",
+    ),
+    Mutant(
+        "grouped_gemm_block_k_from_token_count",
+        "grouped_gemm",
+        missing_cases.grouped_gemm_block_k_from_token_count,
+        "the launcher halves BLOCK_K above 32 tokens (a large-batch config bucket): a token's bits "
+        "differ alone and inside its 48-token batch",
+        ("co_batch",),
+        every_case=lambda case: int(case.axes["T"]) > missing_cases.LARGE_LAUNCH_TOKENS,
+    ),
+    Mutant(
+        "decode_attention_split_one_chunk_longer",
+        "decode_attention",
+        missing_cases.decode_attention_split_one_chunk_longer,
+        "split_tokens one chunk longer than the table's: every split boundary moves",
+        ("agreement",),
+        # both order-exact cases (their lengths are 4 splits of the table's split_tokens)
+        every_case=lambda case: case.axes["lengths"] == "merge_order",
     ),
     Mutant(
         "grouped_gemm_dropped_partial_k_tile",
