@@ -163,7 +163,7 @@ def _einsum(equation: Any, *operands: Any) -> torch.Tensor:
     _need(inputs.count(",") == 1, f"subscripts {equation!r} for two operands")
     ia, ib = inputs.split(",")
     if "->" not in spec:  # implicit output: the indices seen once, sorted
-        out = "".join(sorted(c for c in ia + ib if (ia + ib).count(c) == 1))
+        out = "".join(sorted([c for c in ia + ib if (ia + ib).count(c) == 1]))
     _need(len(ia) == a.dim() and len(ib) == b.dim(), f"subscripts {equation!r} that do not match the ranks")
     _need(all(len(set(i)) == len(i) for i in (ia, ib, out)), "a repeated index (a diagonal)")
     _need(all(c in ia + ib for c in out), f"output index not in the inputs of {equation!r}")
@@ -181,7 +181,7 @@ def _einsum(equation: Any, *operands: Any) -> torch.Tensor:
     contracted = [c for c in ia if c in ib and c not in out]
 
     def size(t: torch.Tensor, subs: str, idx: list[str]) -> int:
-        return math.prod(t.shape[subs.index(c)] for c in idx)
+        return math.prod([t.shape[subs.index(c)] for c in idx])  # a list: Dynamo traces it (fullgraph)
 
     a3 = a.permute([ia.index(c) for c in batch + left + contracted]).reshape(
         size(a, ia, batch), size(a, ia, left), size(a, ia, contracted)

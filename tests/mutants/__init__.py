@@ -426,6 +426,15 @@ MUTANTS: tuple[Mutant, ...] = (
         replaces="torch_op",
     ),
     Mutant(
+        "log_softmax_operator_left_to_the_compiler",
+        "log_softmax",
+        kernels.log_softmax_operator_left_to_the_compiler,
+        "the operator answers torch.log_softmax while torch.compile traces it: the compiled graph "
+        "runs the compiler's log-softmax (same bits as the kernel on the cpu cases), not the kernel",
+        ("modes",),
+        replaces="torch_op",
+    ),
+    Mutant(
         "matmul_bucket_frozen_at_trace_time",
         "matmul",
         kernels.matmul_bucket_frozen_at_trace_time,

@@ -541,6 +541,22 @@ def softmax_operator_unpinned_when_compiled() -> Callable[..., Any]:
     return subject
 
 
+def log_softmax_operator_left_to_the_compiler() -> Callable[..., Any]:
+    """Issue 25: the operator answers ``torch.log_softmax`` while ``torch.compile`` traces it, so
+    the compiled graph runs the compiler's own log-softmax (Inductor's on GPU lanes, aten's under
+    the cpu lane's aot_eager).  On the cpu cases aten's bits equal the interpreted kernel's, so a
+    bits-only ``modes`` let it pass the whole cpu lane; the check's run-time count of the
+    operators catches it."""
+    import torch
+
+    def subject(x: Any, dim: int = -1, half_to_float: bool = False) -> Any:
+        if torch.compiler.is_compiling():
+            return torch.log_softmax(x, dim, dtype=torch.float32 if half_to_float else None)
+        return torch.ops.batchinv.log_softmax(x, dim, half_to_float)
+
+    return subject
+
+
 def matmul_bucket_frozen_at_trace_time() -> Callable[..., Any]:
     """vLLM's compiled batch-invariant matmul (public issue): the M bucket is looked up in Python
     while Dynamo traces, from the traced M, without a guard, so the compiled graph keeps the
