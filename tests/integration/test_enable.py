@@ -566,7 +566,6 @@ def test_a_second_threads_strict_block_refuses_and_counts_on_its_own():
 @any_lane
 @torch.no_grad()
 def test_a_block_stays_pinned_when_another_threads_block_exits_first():
-    from batchinv.fast.enable import state
     from batchinv.fast.matmul import matmul
 
     a, b, _, _ = _operands()
@@ -590,6 +589,8 @@ def test_a_block_stays_pinned_when_another_threads_block_exits_first():
     assert got["b"].pinned == {"matmul": 1, "mm": 1}, got["b"]  # the function layer, then aten
     pinned = matmul(a, b, layout="mm")
     assert all(torch.equal(out, pinned) for out in got["out"])
+    from batchinv.fast.enable import state
+
     assert not state.registered(), "the aten override outlived the last block"
 
 
