@@ -730,10 +730,11 @@ def test_the_compiled_run_time_count_catches_a_handler_left_to_the_compiler(monk
         return pinned(x, dim, dtype, **kwargs)
 
     monkeypatch.setitem(function_mode.HANDLERS, torch.log_softmax, (name, left_to_the_compiler))
-    args = _routed_operands()
-    _, eager_calls, _, compiled_calls = _runtime_calls_eager_and_compiled(_every_routed_spelling, args)
-    assert eager_calls == ROUTED_CALLS
-    assert compiled_calls["log_softmax"] == ROUTED_CALLS["log_softmax"] - 1, compiled_calls
+    x = _routed_operands()[0]
+    spellings = lambda x: (F.log_softmax(x, -1), torch.log_softmax(x, -1), x.log_softmax(-1))  # noqa: E731
+    _, eager_calls, _, compiled_calls = _runtime_calls_eager_and_compiled(spellings, (x,))
+    assert eager_calls == {"log_softmax": 3}
+    assert compiled_calls != eager_calls, "the count missed the log_softmax left to the compiler"
     torch._dynamo.reset()  # no graph of the mutant survives the test
 
 
