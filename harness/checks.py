@@ -603,7 +603,10 @@ def _modes(
     """The ``modes`` driver's three executions of ``fn`` on ``batch``: eager, compiled
     (``dynamic=True``, one graph for every M; ``fullgraph`` for the operators, which must not
     break a graph; a baseline compiles as production code does, graph breaks allowed) and, on GPU
-    lanes, a CUDA graph captured on the batch and replayed."""
+    lanes, a CUDA graph captured on the batch and replayed.  For the operators (``fullgraph``)
+    each compiled call must also run the ``torch.ops.batchinv`` operators its eager call runs, at
+    run time (:func:`batchinv.fast.enable.ops.thread_calls`): bits equal to the kernel's on the
+    case's inputs are no proof that the compiled graph kept the kernel."""
     with warnings.catch_warnings():
         # Inductor imports torch.jit pieces that warn of their own deprecation, and its lowerings
         # warn of choices they make (H200, run 24: "Online softmax is disabled on the fly" when
@@ -627,7 +630,12 @@ def _modes(
                 return as_outputs(compiled_fn(**b.kwargs()))
 
         graphed = _graph_replay(fn) if lane.is_gpu else None
-        return invariance.modes(eager, compiled, graphed, batch, m_sweep(lane, m_limit))
+        calls = None
+        if fullgraph:  # an operator: it must run at run time in the compiled graph (issue 25)
+            from batchinv.fast.enable.ops import thread_calls
+
+            calls = thread_calls
+        return invariance.modes(eager, compiled, graphed, batch, m_sweep(lane, m_limit), calls)
 
 
 def _graph_replay(fn: Callable[..., Any]) -> Callable[[Batch], Outputs]:

@@ -14,6 +14,7 @@ in other phases (full and chunked prefill, decode, speculative verify).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -276,25 +277,52 @@ def modes(
     graphed: Impl | None,
     batch: Batch,
     ms: Sequence[int],
+    runtime_calls: Callable[[], Mapping[str, int]] | None = None,
 ) -> DriverResult:
     """The same bits in every execution mode: ``compiled(batch)`` (``torch.compile``) and
     ``graphed(batch)`` (CUDA-graph replay, GPU lanes) equal ``eager(batch)``, and in the compiled
     graph ``compiled(batch[:M])`` equals ``compiled(batch)[:M]`` for each M in ``ms`` below the
     row count, and equals ``eager(batch[:M])`` (a compiled graph must not freeze a
     shape-dependent choice at trace time: vLLM's compiled batch-invariant matmul looked its M
-    bucket up once, with the traced M, and kept it for every runtime M)."""
+    bucket up once, with the traced M, and kept it for every runtime M).
+
+    ``runtime_calls`` (the operators' run-time call counter of the calling thread, for an
+    operator subject): each compiled call must run, at run time, the operators its eager call
+    runs, as many times each (issue 25: an operator left to the compiler may give the kernel's
+    bits on a case and still be unpinned; bits alone do not show it)."""
     result = DriverResult(vacuous="no other execution mode on this lane")
-    want = _call(eager, batch)
-    full = _call(compiled, batch)
+
+    def counted(fn: Impl, b: Batch) -> tuple[Outputs, Counter[str]]:
+        before = Counter(runtime_calls()) if runtime_calls is not None else Counter()
+        out = _call(fn, b)
+        return out, (Counter(runtime_calls()) - before if runtime_calls is not None else Counter())
+
+    def ran(label: str, want: Counter[str], got: Counter[str]) -> None:
+        if runtime_calls is None or (want == got and want):
+            return
+        reason = (
+            f"the compiled call ran the pinned operators {dict(got)} at run time, the eager call "
+            f"{dict(want)}: an operator left to the compiler"
+            if want
+            else "the eager call ran no pinned operator at run time"
+        )
+        rows = batch.num_rows
+        result.record(label, [BitwiseReport(False, rows, rows, reason=reason)], meaningful=False)
+
+    want, want_calls = counted(eager, batch)
+    full, full_calls = counted(compiled, batch)
     result.record("compiled", compare_outputs(want, full))
+    ran("compiled ran the operators", want_calls, full_calls)
     if graphed is not None:
         result.record("cuda graph", compare_outputs(want, _call(graphed, batch)))
     for m in ms:
         if m < batch.num_rows:
             prefix = batch.take(slice(0, m))
-            part = _call(compiled, prefix)
+            part, part_calls = counted(compiled, prefix)
             result.record(f"compiled M={m}", compare_outputs(_rows(full, slice(0, m)), part))
-            result.record(f"compiled M={m} vs eager", compare_outputs(_call(eager, prefix), part))
+            eager_part, eager_calls = counted(eager, prefix)
+            result.record(f"compiled M={m} vs eager", compare_outputs(eager_part, part))
+            ran(f"compiled M={m} ran the operators", eager_calls, part_calls)
     return result
 
 

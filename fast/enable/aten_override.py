@@ -12,7 +12,14 @@ graphs keep them); and beneath it the aten kernels of ``mm``, ``addmm``, ``bmm``
 ``out=`` overloads (:data:`ATEN_OVERRIDES`), overridden for the CPU and CUDA dispatch keys by
 :func:`batchinv.fast.matmul.matmul` through a ``torch.library.Library("aten", "IMPL")`` (for
 calls that reach aten directly).  On exit the
-mode is popped, the library destroyed and the original kernels are back.
+mode is popped; the last block open in the process destroys the library and the original
+kernels are back.
+
+Per thread (issue 25): a block, its strictness, ``num_sms``, stats and mode belong to the thread
+that opened it (:mod:`batchinv.fast.enable.state`).  The aten library is process-wide (torch has
+no per-thread kernels), so every override looks at the *calling* thread first: outside a block
+of its own, a thread's ``torch.mm`` runs the original aten kernel (taken with
+``torch.library.get_kernel`` before the override), uncounted and never refused.
 
 Calls the kernels cannot take raise :class:`batchinv.fast.enable.function_mode.UnpinnedOpError` under
 ``strict=True`` (the default); with ``strict=False`` they run unpinned and are counted in
@@ -23,9 +30,10 @@ overridden).  ``addmm`` with ``beta``/``alpha`` other than 1 or a non-row
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +41,8 @@ from typing import Any
 import torch
 
 from batchinv.fast.device import interpreting
+from batchinv.fast.enable import state
+from batchinv.fast.enable.state import Frame
 from batchinv.fast.matmul import matmul as _pinned_matmul
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
@@ -41,30 +51,30 @@ _DISPATCH_KEYS = ("CPU", "CUDA")
 
 @dataclass
 class EnableStats:
-    """Calls inside one ``enable()`` block.
+    """Calls inside one ``enable()`` block, of the thread that opened it.
 
-    ``pinned[op]``: runtime calls of the pinned operators (``matmul``, ``rms_norm``, ``softmax``,
-    ``log_softmax``, ``mean``: :data:`batchinv.fast.enable.ops.RUNTIME_CALLS` during the block, so a
-    compiled graph's calls count when it runs, never when it is traced) plus the aten-level
-    ``mm`` / ``addmm`` override's kernel calls.  ``fallback[op]``: calls that ran unpinned
-    (``strict=False`` only), by covered op at the torch-function level and as ``aten::mm`` /
-    ``aten::addmm`` at the aten level (a fallback ``F.linear`` reaches both).
+    Each call is counted once, when it completed: a call that raised is not counted.
+    ``pinned[op]``: calls of the pinned operators that ran to the end (``matmul``, ``rms_norm``,
+    ``softmax``, ``log_softmax``, ``mean``, ...: the block's thread's
+    :func:`batchinv.fast.enable.ops.thread_calls` during the block, so a compiled graph's calls
+    count when it runs, never when it is traced, and another thread's never) plus the aten-level
+    ``mm`` / ``addmm`` / ``bmm`` overrides' completed kernel calls.  ``fallback[op]``: calls
+    that ran unpinned (``strict=False`` only), by covered op at the torch-function level, or as
+    ``aten::mm`` / ``aten::addmm`` / ``aten::bmm`` for a call that reached aten directly.  A
+    torch-function fallback is counted there alone: the aten calls it makes are pinned where
+    they can be (``addmm``'s product under ``beta`` / ``alpha``) but not counted again.
     """
 
     aten: Counter[str] = field(default_factory=Counter)
     fallback: Counter[str] = field(default_factory=Counter)
+    _calls: Counter[str] = field(default_factory=Counter)  # the owner thread's thread_calls()
     _start: Counter[str] = field(default_factory=Counter)
     _end: Counter[str] | None = None
 
     @property
     def pinned(self) -> Counter[str]:
-        from batchinv.fast.enable.ops import RUNTIME_CALLS
-
-        now = self._end if self._end is not None else RUNTIME_CALLS
+        now = self._end if self._end is not None else self._calls
         return (now - self._start) + self.aten
-
-
-_active: list[tuple[Any, EnableStats, int | None, bool]] = []
 
 
 def _launchable(*tensors: torch.Tensor) -> bool:
@@ -76,116 +86,132 @@ def _launchable(*tensors: torch.Tensor) -> bool:
     return first.device.type == "cuda" or (first.device.type == "cpu" and interpreting())
 
 
-def _stats() -> EnableStats:
-    return _active[0][1]
+Unpinned = Callable[..., torch.Tensor]  # the original aten kernel of the overload
 
 
-def _num_sms() -> int | None:
-    return _active[0][2]
-
-
-def _unpinned_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The library's own product for a call no pinned kernel takes: ``baddbmm`` with beta 0,
-    an aten kernel the override leaves alone (``mm``/``bmm`` would come back here)."""
-    return torch.baddbmm(a.new_zeros(a.shape[0], a.shape[1], b.shape[2]), a, b, beta=0)
-
-
-def _unpinned_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return _unpinned_bmm(a.unsqueeze(0), b.unsqueeze(0)).squeeze(0)
-
-
-def _unlaunchable(op: str) -> None:
-    """Count a call the aten layer cannot pin, or refuse it under ``strict``."""
-    if _active[0][3]:
+def _unlaunchable(frame: Frame, op: str, unpinned: Unpinned, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """A call the aten layer cannot pin: refused under ``strict``, else the original aten
+    kernel, its own aten calls unrouted, counted once it returned."""
+    if frame.strict:
         from batchinv.fast.enable.function_mode import UnpinnedOpError
 
         raise UnpinnedOpError(f"aten::{op}", "operands the pinned kernel does not take (dtype, device, rank)")
-    _stats().fallback[f"aten::{op}"] += 1
+    with state.passthrough():
+        out = unpinned(*args, **kwargs)
+    frame.stats.fallback[f"aten::{op}"] += 1
+    return out
 
 
-def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    with torch._C.DisableTorchFunction():  # the enable() mode must not route our own calls
-        return _mm_body(a, b)
-
-
-def _mm_body(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _mm(frame: Frame, unpinned: Unpinned, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if not _launchable(a, b):
-        _unlaunchable("mm")
-        return _unpinned_mm(a, b)
-    _stats().aten["mm"] += 1
-    return _pinned_matmul(a, b, layout="mm", num_sms=_num_sms())
+        return _unlaunchable(frame, "mm", unpinned, a, b)
+    out = _pinned_matmul(a, b, layout="mm", num_sms=frame.num_sms)
+    frame.stats.aten["mm"] += 1
+    return out
 
 
 def _addmm(
-    inp: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
+    frame: Frame,
+    unpinned: Unpinned,
+    inp: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    beta: Any = 1,
+    alpha: Any = 1,
 ) -> torch.Tensor:
-    with torch._C.DisableTorchFunction():  # the enable() mode must not route our own calls
-        return _addmm_body(inp, a, b, beta, alpha)
-
-
-def _addmm_body(inp: torch.Tensor, a: torch.Tensor, b: torch.Tensor, beta: Any, alpha: Any) -> torch.Tensor:
     n = b.shape[-1] if b.dim() == 2 else -1
     row_bias = inp.dim() == 1 or (inp.dim() == 2 and inp.shape[0] == 1)
     if not _launchable(a, b) or inp.dtype != a.dtype or inp.device != a.device:
-        _unlaunchable("addmm")
-        product = _unpinned_mm(a, b)
-    elif beta == 1 and alpha == 1 and row_bias and inp.shape[-1] == n:
-        _stats().aten["addmm"] += 1
-        return _pinned_matmul(a, b, inp.reshape(n), layout="mm", num_sms=_num_sms())
+        return _unlaunchable(frame, "addmm", unpinned, inp, a, b, beta=beta, alpha=alpha)
+    if beta == 1 and alpha == 1 and row_bias and inp.shape[-1] == n:
+        out = _pinned_matmul(a, b, inp.reshape(n), layout="mm", num_sms=frame.num_sms)
     else:
-        _stats().aten["addmm"] += 1
-        product = _pinned_matmul(a, b, layout="mm", num_sms=_num_sms())
-    if beta == 0:  # like aten: input is ignored (its NaNs too)
-        return product * alpha if alpha != 1 else product
-    return beta * inp + (alpha * product if alpha != 1 else product)
+        product = _pinned_matmul(a, b, layout="mm", num_sms=frame.num_sms)
+        if beta == 0:  # like aten: input is ignored (its NaNs too)
+            out = product * alpha if alpha != 1 else product
+        else:
+            out = beta * inp + (alpha * product if alpha != 1 else product)
+    frame.stats.aten["addmm"] += 1
+    return out
 
 
-def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    with torch._C.DisableTorchFunction():  # the enable() mode must not route our own calls
-        if a.dim() != 3 or b.dim() != 3 or not _launchable(a.flatten(0, 1), b.flatten(0, 1)):
-            _unlaunchable("bmm")
-            return _unpinned_bmm(a, b)
-        from batchinv.fast.enable.ops import batched_matmul
+def _bmm(frame: Frame, unpinned: Unpinned, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.dim() != 3 or b.dim() != 3 or not _launchable(a.flatten(0, 1), b.flatten(0, 1)):
+        return _unlaunchable(frame, "bmm", unpinned, a, b)
+    from batchinv.fast.enable.ops import batched_matmul
 
-        _stats().aten["bmm"] += 1
-        return batched_matmul(a, b, num_sms=_num_sms())
+    out = batched_matmul(a, b, num_sms=frame.num_sms)
+    frame.stats.aten["bmm"] += 1
+    return out
 
 
-def _into(out: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
-    """aten's out= contract: ``out`` resized to the result's shape, then written."""
-    with torch._C.DisableTorchFunction():
+def _out_form(body: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """The ``out=`` overload of ``body``: the pinned result written into ``out`` (resized to its
+    shape, aten's contract); a fallback runs the original ``out=`` kernel itself."""
+
+    def kernel(
+        frame: Frame, unpinned: Unpinned, *args: Any, out: torch.Tensor, **kwargs: Any
+    ) -> torch.Tensor:
+        result = body(frame, functools.partial(unpinned, out=out), *args, **kwargs)
+        if result is out:
+            return out
         if out.shape != result.shape:
             out.resize_(result.shape)
         return out.copy_(result)
 
-
-def _mm_out(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
-    return _into(out, _mm(a, b))
+    return kernel
 
 
-def _addmm_out(
-    inp: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1, out: torch.Tensor
-) -> torch.Tensor:
-    return _into(out, _addmm(inp, a, b, beta=beta, alpha=alpha))
-
-
-def _bmm_out(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
-    return _into(out, _bmm(a, b))
-
-
-#: The aten overloads overridden inside ``enable()`` and their pinned kernels.
-ATEN_OVERRIDES = {
+#: The aten overloads overridden inside ``enable()`` and their pinned kernels (each called as
+#: ``kernel(frame, original, *args, **kwargs)`` for a thread inside a block).
+ATEN_OVERRIDES: dict[str, Callable[..., torch.Tensor]] = {
     "mm": _mm,
-    "mm.out": _mm_out,
+    "mm.out": _out_form(_mm),
     "addmm": _addmm,
-    "addmm.out": _addmm_out,
+    "addmm.out": _out_form(_addmm),
     "bmm": _bmm,
-    "bmm.out": _bmm_out,
+    "bmm.out": _out_form(_bmm),
 }
 
 
+def _routed(body: Callable[..., torch.Tensor], original: Any) -> Callable[..., torch.Tensor]:
+    """The registered kernel: the calling thread's block decides; a thread outside every block
+    gets the original kernel, untouched; under a torch-function fallback the kernel runs
+    uncounted."""
+
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        frame = state.current()
+        if frame is None:
+            return original.call_boxed(keyset, *args, **kwargs)
+        if state.in_fallback():  # pinned where it can be, counted once, by the fallback itself
+            frame = Frame(EnableStats(), frame.strict, frame.num_sms, frame.mode)
+        with torch._C.DisableTorchFunction():  # the enable() mode must not route our own calls
+            return body(frame, functools.partial(original.call_boxed, keyset), *args, **kwargs)
+
+    return kernel
+
+
+def _register() -> torch.library.Library:
+    """The process-wide aten library of :data:`ATEN_OVERRIDES` (for each dispatch key this torch
+    has kernels for), each override holding the original kernel it replaces."""
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        # torch warns once that an aten kernel is overridden; that is the point here.
+        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
+        warnings.filterwarnings("ignore", message=".*Warning only once for all operators.*")
+        for key in _DISPATCH_KEYS:
+            for overload, body in ATEN_OVERRIDES.items():
+                name = f"aten::{overload}"
+                if not torch._C._dispatch_has_computed_kernel_for_dispatch_key(name, key):
+                    continue  # a CPU-only torch has no CUDA kernels (and no CUDA tensors)
+                original = torch.library.get_kernel(name, key)
+                lib.impl(overload, _routed(body, original), key, with_keyset=True)
+    return lib
+
+
 @contextmanager
-def enable(*, strict: bool = True, num_sms: int | None = None) -> Iterator[EnableStats]:
+def enable(*, strict: bool | None = None, num_sms: int | None = None) -> Iterator[EnableStats]:
     """Run every op the components cover batch-invariantly, eager, in CUDA graphs and compiled.
 
     Two layers: a torch-function mode (:class:`batchinv.fast.enable.function_mode.PinnedOps`) answers
@@ -200,24 +226,37 @@ def enable(*, strict: bool = True, num_sms: int | None = None) -> Iterator[Enabl
 
     Parameters
     ----------
-    strict : bool, default True
-        A covered call no pinned kernel can take (dtype, device, dim, a tensor requiring grad,
+    strict : bool or None, default None (True)
+        None: the enclosing block's strictness in this thread, True for an outermost block.  A
+        covered call no pinned kernel can take (dtype, device, dim, a tensor requiring grad,
         addmm with ``beta``/``alpha``) raises
         :class:`batchinv.fast.enable.function_mode.UnpinnedOpError` naming the op and the reason (at
         trace time under ``torch.compile``).  ``False``: it runs unpinned and is counted in
         ``EnableStats.fallback``.  The default is loud, because a silently unpinned op is
-        exactly the failure this project exists to prevent.
+        exactly the failure this project exists to prevent.  An explicit value of a nested
+        block wins inside it (an inner ``strict=True`` inside ``strict=False`` is strict) and
+        the enclosing one's is back on its exit.
     num_sms : int, optional
-        Passed to the aten-level :func:`batchinv.fast.matmul.matmul` (any value, the same bits).
+        Passed to the aten-level :func:`batchinv.fast.matmul.matmul` (any value, the same bits);
+        None inside a nested block: the enclosing block's.
 
     Yields
     ------
     EnableStats
-        Runtime counts of pinned and fallback calls by op.
+        Runtime counts of pinned and fallback calls by op, of this thread (:class:`EnableStats`).
+
+    Raises
+    ------
+    ArgumentError
+        ``strict`` other than True, False or None.
 
     Notes
     -----
-    Re-entrant: a nested ``enable()`` shares the outer one (its mode, override and stats).  Ops
+    Per thread: a block routes and counts the calls of the thread that opened it; another
+    thread's calls run unpinned, as without ``enable()``, until it opens a block of its own
+    (which has its own strictness and stats and stays pinned when the first thread's block
+    exits).  Re-entrant: a nested ``enable()`` in the same thread shares the enclosing block's
+    mode, override and stats, with its own ``strict`` and ``num_sms`` when given.  Ops
     not covered (embeddings, elementwise ops, ``topk``) run as they are: elementwise ops are
     row-local already.  Fused attention (``F.scaled_dot_product_attention``, Hugging Face's
     default ``sdpa``) runs ``batchinv::sdpa``: each query row over its own visible keys, splits
@@ -229,28 +268,47 @@ def enable(*, strict: bool = True, num_sms: int | None = None) -> Iterator[Enabl
     matmul's fixed K tiles (a documented negative control, tests/integration/test_transformers_client.py).  Source: the aten-override approach of vLLM's batch-invariant mode and Thinking
     Machines' ``batch_invariant_ops``, plus a torch-function mode that ``torch.compile`` traces.
     """
-    if _active:
-        yield _active[0][1]
+    from batchinv.reference.errors import ArgumentError
+
+    if strict is not None and not isinstance(strict, bool):
+        raise ArgumentError("strict", "True, False or None", repr(strict))
+    frames = state.frames()
+    if frames:
+        yield from _nested(frames, strict, num_sms)
         return
     from batchinv.fast.enable import ops
     from batchinv.fast.enable.function_mode import PinnedOps
 
-    lib = torch.library.Library("aten", "IMPL")
-    stats = EnableStats(_start=ops.RUNTIME_CALLS.copy())
-    mode = PinnedOps(strict)
+    calls = ops.thread_calls()
+    stats = EnableStats(_calls=calls, _start=calls.copy())
+    mode = PinnedOps(True if strict is None else strict)
     mode.fallback = stats.fallback
-    _active.append((lib, stats, num_sms, strict))
+    frame = Frame(stats, mode.strict, num_sms, mode)
+    state.hold(_register)
     try:
-        with warnings.catch_warnings():
-            # torch warns once that an aten kernel is overridden; that is the point here.
-            warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel.*")
-            warnings.filterwarnings("ignore", message=".*Warning only once for all operators.*")
-            for key in _DISPATCH_KEYS:
-                for overload, kernel in ATEN_OVERRIDES.items():
-                    lib.impl(overload, kernel, key)
+        frames.append(frame)
         with mode:
             yield stats
     finally:
-        stats._end = ops.RUNTIME_CALLS.copy()
-        _active.clear()
-        lib._destroy()
+        stats._end = calls.copy()
+        frames.clear()
+        state.release()
+
+
+def _nested(frames: list[Frame], strict: bool | None, num_sms: int | None) -> Iterator[EnableStats]:
+    """A block inside an open block of the same thread: the enclosing stats and mode, this
+    block's explicit ``strict`` / ``num_sms`` (the mode's strictness restored on exit)."""
+    outer = frames[-1]
+    frame = Frame(
+        outer.stats,
+        outer.strict if strict is None else strict,
+        outer.num_sms if num_sms is None else num_sms,
+        outer.mode,
+    )
+    frames.append(frame)
+    outer.mode.strict = frame.strict  # Dynamo guards on it: a graph traced under the other recompiles
+    try:
+        yield frame.stats
+    finally:
+        frames.pop()
+        outer.mode.strict = outer.strict

@@ -13,7 +13,8 @@ Inductor runs them as opaque calls: the compiled model gets the eager bits.
 A covered call the kernels cannot take (a dtype, device, dim or argument outside their
 contract) is *unpinned*: with ``strict`` it raises :class:`UnpinnedOpError` naming the op and
 the reason (at trace time under ``torch.compile``); without, it runs the original op and is
-counted in ``fallback``.
+counted once in ``fallback``, when it returned (the aten calls it makes are pinned where the
+aten layer can, and not counted again: :func:`batchinv.fast.enable.state.in_fallback`).
 
 Source: the operator-override approach of Thinking Machines' ``batch_invariant_ops`` (there an
 aten library override, which Inductor bypasses -- issue 14's finding), moved up to the
@@ -33,6 +34,7 @@ from torch.overrides import TorchFunctionMode
 
 from batchinv.fast.device import interpreting
 from batchinv.fast.enable import ops as _ops  # noqa: F401  (registers torch.ops.batchinv.*)
+from batchinv.fast.enable import state as _state
 from batchinv.reference.errors import ArgumentError, BatchinvError
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -161,7 +163,7 @@ def _einsum(equation: Any, *operands: Any) -> torch.Tensor:
     _need(inputs.count(",") == 1, f"subscripts {equation!r} for two operands")
     ia, ib = inputs.split(",")
     if "->" not in spec:  # implicit output: the indices seen once, sorted
-        out = "".join(sorted(c for c in ia + ib if (ia + ib).count(c) == 1))
+        out = "".join(sorted([c for c in ia + ib if (ia + ib).count(c) == 1]))
     _need(len(ia) == a.dim() and len(ib) == b.dim(), f"subscripts {equation!r} that do not match the ranks")
     _need(all(len(set(i)) == len(i) for i in (ia, ib, out)), "a repeated index (a diagonal)")
     _need(all(c in ia + ib for c in out), f"output index not in the inputs of {equation!r}")
@@ -179,7 +181,7 @@ def _einsum(equation: Any, *operands: Any) -> torch.Tensor:
     contracted = [c for c in ia if c in ib and c not in out]
 
     def size(t: torch.Tensor, subs: str, idx: list[str]) -> int:
-        return math.prod(t.shape[subs.index(c)] for c in idx)
+        return math.prod([t.shape[subs.index(c)] for c in idx])  # a list: Dynamo traces it (fullgraph)
 
     a3 = a.permute([ia.index(c) for c in batch + left + contracted]).reshape(
         size(a, ia, batch), size(a, ia, left), size(a, ia, contracted)
@@ -378,5 +380,10 @@ class PinnedOps(TorchFunctionMode):
         except (_Unpinned, ArgumentError) as why:  # ArgumentError: a kernel's own contract
             if self.strict:
                 raise UnpinnedOpError(name, str(why)) from None
+        if torch.compiler.is_compiling():  # traced into the graph: counted at trace time
             self.fallback[name] += 1
             return func(*args, **kwargs)
+        with _state.fallback():  # its own aten calls are not counted again
+            out = func(*args, **kwargs)
+        self.fallback[name] += 1  # once, when it returned
+        return out

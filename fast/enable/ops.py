@@ -27,11 +27,14 @@ compiled and in a CUDA graph).
 Inference only: the kernels carry no autograd formula, so a call that needs a gradient raises
 (torch's own error, at trace time under ``torch.compile``).  :data:`RUNTIME_CALLS` counts the
 calls that ran a kernel, by operator: a compiled graph's calls are counted when it runs, never
-when it is traced (fake tensors do not reach the kernels).
+when it is traced (fake tensors do not reach the kernels); :func:`thread_calls` counts the
+calling thread's alone (what ``EnableStats.pinned`` and the ``modes`` check read: a run-time proof
+that a compiled graph ran the operator, issue 25).
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from typing import Any
 
@@ -41,6 +44,33 @@ import torch
 #: topk's reference outside its envelope; not traces, not calls that raised), by operator name;
 #: callers reset or diff it.
 RUNTIME_CALLS: Counter[str] = Counter()
+
+
+class _ThreadCalls(threading.local):
+    def __init__(self) -> None:
+        self.counter: Counter[str] = Counter()
+
+
+_THREAD_CALLS = _ThreadCalls()
+
+
+def thread_calls() -> Counter[str]:
+    """The calling thread's :data:`RUNTIME_CALLS` (the counter itself, never reset: callers diff
+    it).  A compiled graph runs its operators in the thread that calls it, so a graph's calls
+    count here when it runs, and another thread's calls never do.
+
+    Returns
+    -------
+    Counter[str]
+        Completed operator calls of this thread, by operator name (``matmul``, ``bmm``, ...).
+    """
+    return _THREAD_CALLS.counter
+
+
+def _ran(name: str) -> None:
+    """Count one completed call of operator ``name`` (process-wide and for this thread)."""
+    RUNTIME_CALLS[name] += 1
+    _THREAD_CALLS.counter[name] += 1
 
 
 def _unrouted() -> Any:
@@ -66,7 +96,7 @@ def matmul(
 
     with _unrouted():
         out = pinned(x, weight, bias, layout=layout, out_dtype=out_dtype, precision=precision)
-    RUNTIME_CALLS["matmul"] += 1
+    _ran("matmul")
     return out
 
 
@@ -111,7 +141,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         raise ArgumentError("b", f"a 3-D [B={a.shape[0]}, K, N] tensor", f"shape {tuple(b.shape)}")
     with _unrouted():
         out = batched_matmul(a, b)
-    RUNTIME_CALLS["bmm"] += 1
+    _ran("bmm")
     return out
 
 
@@ -147,7 +177,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Te
         for g, (start, end) in enumerate(zip([0, *ends], ends, strict=False)):
             if end > start:
                 pinned(a[start:end], b[g], layout="mm", out=out[start:end])
-    RUNTIME_CALLS["grouped_mm"] += 1
+    _ran("grouped_mm")
     return out
 
 
@@ -163,7 +193,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int 
 
     with _unrouted():
         out = pinned(x, weight, eps, dim)
-    RUNTIME_CALLS["rms_norm"] += 1
+    _ran("rms_norm")
     return out
 
 
@@ -181,7 +211,7 @@ def fused_add_rms_norm(
 
     with _unrouted():
         out, residual_out = pinned(x, residual, weight, eps, dim)
-    RUNTIME_CALLS["fused_add_rms_norm"] += 1
+    _ran("fused_add_rms_norm")
     return out, residual_out
 
 
@@ -206,7 +236,7 @@ def softmax(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> torc
 
     with _unrouted():
         out = pinned(x, dim, half_to_float)
-    RUNTIME_CALLS["softmax"] += 1
+    _ran("softmax")
     return out
 
 
@@ -217,7 +247,7 @@ def log_softmax(x: torch.Tensor, dim: int = -1, half_to_float: bool = False) -> 
 
     with _unrouted():
         out = pinned(x, dim, half_to_float)
-    RUNTIME_CALLS["log_softmax"] += 1
+    _ran("log_softmax")
     return out
 
 
@@ -234,7 +264,7 @@ def mean(
 
     with _unrouted():
         out = pinned(x, dim, keepdim, dtype)
-    RUNTIME_CALLS["mean"] += 1
+    _ran("mean")
     return out
 
 
@@ -256,7 +286,7 @@ def topk(scores: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
 
     with _unrouted():
         out = pinned(scores, row_starts, row_ends, k)
-    RUNTIME_CALLS["topk"] += 1
+    _ran("topk")
     return out
 
 
@@ -290,7 +320,7 @@ def sdpa(
         out = sdpa_attention_rows(
             query, key, value, attn_mask, is_causal, scale, enable_gqa, validate=not _capturing()
         )
-    RUNTIME_CALLS["sdpa"] += 1
+    _ran("sdpa")
     return out
 
 

@@ -145,6 +145,31 @@ def test_modes_finds_a_bucket_frozen_at_the_first_compiled_m():
     assert result.where == ["compiled M=1 vs eager", "compiled M=8 vs eager"], result.where
 
 
+def test_modes_finds_an_operator_the_compiled_call_did_not_run_even_with_equal_bits():
+    # issue 25: the compiled graph kept the compiler's own op, whose bits equal the kernel's here;
+    # only the run-time count of the operators shows it
+    from collections import Counter
+
+    calls: Counter[str] = Counter()
+
+    def eager(b):
+        calls["log_softmax"] += 1  # what the operator's body counts when it runs
+        return (b.rows["x"] * 2.0,)
+
+    def left_to_the_compiler(b):
+        return (b.rows["x"] * 2.0,)  # the same bits, no operator ran
+
+    result = invariance.modes(eager, left_to_the_compiler, None, _batch(rows=12), [1, 8], lambda: calls)
+    assert not result.passed
+    assert result.where == [
+        "compiled ran the operators",
+        "compiled M=1 ran the operators",
+        "compiled M=8 ran the operators",
+    ]
+    assert "left to the compiler" in result.detail, result.detail
+    assert invariance.modes(eager, eager, None, _batch(rows=12), [1, 8], lambda: calls).passed
+
+
 def test_modes_passes_when_compiled_equals_eager_at_every_m():
     def eager(b):
         return (_bucketed(b.rows["x"], b.num_rows),)

@@ -472,6 +472,15 @@ MUTANTS: tuple[Mutant, ...] = (
         replaces="torch_op",
     ),
     Mutant(
+        "log_softmax_operator_left_to_the_compiler",
+        "log_softmax",
+        kernels.log_softmax_operator_left_to_the_compiler,
+        "the operator answers torch.log_softmax while torch.compile traces it: the compiled graph "
+        "runs the compiler's log-softmax, not the kernel (no batchinv::log_softmax ran at run time)",
+        ("modes",),
+        replaces="torch_op",
+    ),
+    Mutant(
         "matmul_bucket_frozen_at_trace_time",
         "matmul",
         kernels.matmul_bucket_frozen_at_trace_time,

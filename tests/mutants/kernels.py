@@ -541,6 +541,25 @@ def softmax_operator_unpinned_when_compiled() -> Callable[..., Any]:
     return subject
 
 
+def log_softmax_operator_left_to_the_compiler() -> Callable[..., Any]:
+    """Issue 25: the operator answers ``torch.log_softmax`` while ``torch.compile`` traces it, so
+    the compiled graph runs the compiler's own log-softmax (Inductor's on GPU lanes, aten's under
+    the cpu lane's aot_eager).  ``modes`` fails it twice on each cpu case: the compiled call ran
+    no ``batchinv::log_softmax`` at run time (the check's operator count, on every case and every
+    compiled M), and the bits differ (on these cases; where the compiler's bits equal the kernel's
+    only the count sees it: tests/harness/test_harness_invariance.py).  The same leak planted in
+    ``enable()``'s torch-function handler, the one that survived the cpu lane, is caught in
+    tests/integration/test_enable.py."""
+    import torch
+
+    def subject(x: Any, dim: int = -1, half_to_float: bool = False) -> Any:
+        if torch.compiler.is_compiling():
+            return torch.log_softmax(x, dim, dtype=torch.float32 if half_to_float else None)
+        return torch.ops.batchinv.log_softmax(x, dim, half_to_float)
+
+    return subject
+
+
 def matmul_bucket_frozen_at_trace_time() -> Callable[..., Any]:
     """vLLM's compiled batch-invariant matmul (public issue): the M bucket is looked up in Python
     while Dynamo traces, from the traced M, without a guard, so the compiled graph keeps the
