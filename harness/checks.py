@@ -54,6 +54,8 @@ from batchinv.harness.registry import (
     as_outputs,
     co_batch_sizes,
     m_sweep,
+    prefix_sweep,
+    threshold_cycle,
 )
 from batchinv.harness.subjects import Subject, Unsupported, accepts_partition, bound_call
 from batchinv.reference.exact import round_once
@@ -410,11 +412,26 @@ def _agreement_check(run: _Run) -> None:
         _agreement(run.component, run.batch, fast_out, run.result)
 
 
+def threshold_case(component: Component, case: Case, lane: Lane) -> bool:
+    """Whether batch_prefix runs the row-threshold sweep (:data:`ROW_THRESHOLD_MS`, the case's
+    rows cycled up to :func:`threshold_cycle` rows) on ``case``: every case of a GPU lane;
+    on the cpu lane (the interpreter, where each launch costs tens of milliseconds) the first
+    case of the component's list, the others keeping :data:`M_SWEEP` (docs/DESIGN.md)."""
+    if lane.is_gpu:
+        return True
+    cases = component.cases(lane)
+    return bool(cases) and (cases[0].axes_json(), cases[0].seed) == (case.axes_json(), case.seed)
+
+
 def _batch_prefix(run: _Run) -> invariance.DriverResult:
-    ms = m_sweep(run.lane, run.m_limit)
+    full = threshold_case(run.component, run.case, run.lane)
+    cycle_to = threshold_cycle(run.lane) if full else 0
+    n = run.batch.num_rows
+    ms = prefix_sweep(run.lane, run.m_limit, thresholds=full)
     # --max-m removed an M this case could have run: a clean result proves less than it says.
-    run.result.m_cut = any(m not in ms and m < run.batch.num_rows for m in m_sweep(run.lane))
-    return invariance.batch_prefix(run.call, run.batch, ms)
+    every = invariance.prefix_launches(n, prefix_sweep(run.lane, thresholds=full), cycle_to)
+    run.result.m_cut = len(invariance.prefix_launches(n, ms, cycle_to)) < len(every)
+    return invariance.batch_prefix(run.call, run.batch, ms, cycle_to=cycle_to)
 
 
 def _position(run: _Run) -> invariance.DriverResult:

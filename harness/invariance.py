@@ -147,17 +147,73 @@ def _call(fn: Impl, batch: Batch) -> Outputs:
     return tuple(o.detach().clone() for o in as_outputs(fn(batch)))
 
 
-def batch_prefix(fn: Impl, batch: Batch, ms: Sequence[int]) -> DriverResult:
-    """``fn(batch[:M]) == fn(batch)[:M]`` bitwise for every ``M`` in ``ms`` (M <= rows)."""
-    result = DriverResult(vacuous=f"no M of the sweep is below the case's {batch.num_rows} rows")
-    full = _call(fn, batch)
-    for m in ms:
-        if m > batch.num_rows:
-            continue
-        part = _call(fn, batch.take(slice(0, m)))
+def _select(outputs: Outputs, index: Sequence[int]) -> Outputs:
+    idx = torch.as_tensor(list(index), dtype=torch.long)
+    return tuple(o.index_select(0, idx.to(o.device)) for o in outputs)
+
+
+def prefix_launches(num_rows: int, ms: Sequence[int], cycle_to: int = 0) -> list[tuple[int, list[int]]]:
+    """The launches :func:`batch_prefix` makes besides its largest one: ``(M, input rows)``.
+
+    Each ``M`` of ``ms`` below ``num_rows`` takes a window of consecutive rows; the windows
+    advance through the case in ascending M (M=1 row 0, M=2 rows 1-2, M=3 rows 3-5, ...),
+    starting again at row 0 when the next would run past the last row, so the small launches
+    together compare many distinct rows rather than rows 0 and 1 over and over.  Each ``M`` of
+    ``ms`` above ``num_rows`` and at most ``cycle_to`` takes the case's rows cycled (launch row
+    ``j`` is input row ``(start + j) mod num_rows``, the start advancing the same way); when any
+    does, the case's own launch (M = ``num_rows``) is one of these too.
+    """
+    if num_rows <= 0:
+        return []
+    sizes = sorted({m for m in ms if m < num_rows or num_rows < m <= cycle_to})
+    if sizes and sizes[-1] > num_rows:
+        sizes = sorted({*sizes[:-1], num_rows})  # the largest cycled M is the largest launch
+    launches: list[tuple[int, list[int]]] = []
+    start = 0
+    for m in sizes:
+        if m < num_rows:
+            if start + m > num_rows:
+                start = 0
+            launches.append((m, list(range(start, start + m))))
+            start += m
+        elif m == num_rows:
+            launches.append((m, list(range(m))))  # the case's own launch
+        else:
+            launches.append((m, [(start + j) % num_rows for j in range(m)]))
+            start = (start + m) % num_rows
+    return launches
+
+
+def batch_prefix(fn: Impl, batch: Batch, ms: Sequence[int], *, cycle_to: int = 0) -> DriverResult:
+    """Every row of a launch of ``M`` rows gives the bits of the same input row in the largest
+    launch, for every ``M`` in ``ms`` (launches as :func:`prefix_launches` lays them out).
+
+    The largest launch is the case itself, or, when ``ms`` has Ms above the case's rows up to
+    ``cycle_to``, the case's rows cycled to the largest such M (its repeated rows are compared
+    with their first occurrence too).  A window launch is a slice of the case (its layout and
+    strides kept); a cycled launch is a copy.  Every row of every launch is compared, under
+    the input row's id, so a subject whose bits change at a row-count threshold is caught on
+    any row that changes, not only on rows 0 and 1.
+    """
+    n = batch.num_rows
+    result = DriverResult(vacuous=f"no M of the sweep is below the case's {n} rows")
+    launches = prefix_launches(n, ms, cycle_to)
+    cycled = [m for m in ms if n < m <= cycle_to]
+    if cycled:
+        largest = max(cycled)
+        big = _call(fn, batch.take([i % n for i in range(largest)]))
+        repeats = list(range(n, largest))
         result.record(
-            f"M={m}", compare_outputs(_rows(full, slice(0, m)), part), meaningful=m < batch.num_rows
+            f"M={largest} (case rows cycled: repeats vs first occurrence)",
+            compare_outputs(_select(big, [i % n for i in repeats]), _select(big, repeats)),
+            [i % n for i in repeats],
         )
+    else:
+        big = _call(fn, batch)
+    for m, rows in launches:
+        window = m <= n  # consecutive rows: a slice (m == n: the case itself)
+        part = _call(fn, batch.take(slice(rows[0], rows[0] + m) if window else rows))
+        result.record(f"M={m}", compare_outputs(_select(big, rows), part), rows)
     return result
 
 

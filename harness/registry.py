@@ -84,6 +84,32 @@ def m_sweep(lane: Lane, limit: int | None = None) -> tuple[int, ...]:
     return tuple(m for m in values if limit is None or m <= limit)
 
 
+#: The row counts batch_prefix adds to :data:`M_SWEEP` (docs/DESIGN.md, "Sweep axes"): every M
+#: of 1..17 and each power of two 32..256 with both neighbours, so a launcher or kernel that
+#: changes anything at a row-count threshold anywhere in 1..257 is launched on both sides of it.
+ROW_THRESHOLD_MS: tuple[int, ...] = (*range(1, 18), 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257)
+#: batch_prefix launches a threshold case's rows cycled up to this many rows when the case has
+#: fewer: every threshold M on GPU lanes; on the cpu lane (the interpreter: a row kernel costs
+#: milliseconds per row) the Ms 1..8, the higher thresholds running where the case has the rows.
+ROW_THRESHOLD_CYCLE: int = max(ROW_THRESHOLD_MS)
+ROW_THRESHOLD_CYCLE_CPU: int = 8
+
+
+def threshold_cycle(lane: Lane) -> int:
+    """Up to how many rows batch_prefix cycles a threshold case's rows on ``lane``."""
+    return ROW_THRESHOLD_CYCLE if lane.is_gpu else ROW_THRESHOLD_CYCLE_CPU
+
+
+def prefix_sweep(lane: Lane, limit: int | None = None, *, thresholds: bool = True) -> tuple[int, ...]:
+    """The Ms of the batch_prefix check on ``lane``, ascending, cut at ``limit`` rows (inclusive).
+
+    ``thresholds``: :func:`m_sweep` with :data:`ROW_THRESHOLD_MS` added (every GPU-lane case,
+    and one case per component on the cpu lane); without it, :func:`m_sweep` alone.
+    """
+    values = set(m_sweep(lane)) | (set(ROW_THRESHOLD_MS) if thresholds else set())
+    return tuple(m for m in sorted(values) if limit is None or m <= limit)
+
+
 Outputs = tuple[torch.Tensor, ...]
 
 

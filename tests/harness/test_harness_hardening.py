@@ -32,7 +32,7 @@ from toy_component import scale as _scale
 from toy_component import toy as _toy
 
 from batchinv.harness import build_cache
-from batchinv.harness.checks import BaselineCrashed, negative_control, repro_command
+from batchinv.harness.checks import BaselineCrashed, negative_control, repro_command, run_check
 from batchinv.harness.cli import build_parser, main
 from batchinv.harness.invariance import VarianceDetected
 from batchinv.harness.lanes import Lane
@@ -422,7 +422,15 @@ def test_checks_that_compare_nothing_are_skipped_not_passed():
         ("agreement", "batch_prefix", "position", "repeat"), "skip"
     )
     one = {c.check: c.status for c in run_sweep([_toy_rows(1)], Lane.CPU, include_baselines=False).checks}
-    assert one == {"agreement": "pass", "batch_prefix": "skip", "position": "skip", "repeat": "pass"}
+    # batch_prefix cycles the first case's row to 2..8 rows (the row-threshold sweep): it compares
+    assert one == {"agreement": "pass", "batch_prefix": "pass", "position": "skip", "repeat": "pass"}
+    # a one-row case further down the list has no M below its rows: nothing to compare
+    comp = _toy_rows(1)
+    two_cases = Component(
+        **{**comp.__dict__, "cases": lambda lane: [Case("toy", {"rows": 4, "cols": 8}, 0), *comp.cases(lane)]}
+    )
+    later = run_check(two_cases, "fast", "batch_prefix", two_cases.cases(Lane.CPU)[1], Lane.CPU)
+    assert later.status == "skip", later.detail
 
 
 def test_max_m_that_cuts_nothing_the_cases_could_run_leaves_the_verdict_inconclusive():

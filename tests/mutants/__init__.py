@@ -12,6 +12,7 @@ New mutant classes (MoE, attention, plans...) join :data:`MUTANTS`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -570,6 +571,23 @@ MUTANTS = (
         plan_mutants.split_doubled_above_the_partition_count,
         "the split size doubles when the batch has more requests than partitions (fewer partials to merge)",
         ("co_batch", "partition"),
+    ),
+)
+
+#: Row-count thresholds just above the old M sweep's 1 and 2 (issue 25, section 5): the launcher
+#: sums squares in fp32 above 3, 4, 5 or 6 rows.  The launches at or below the threshold must
+#: compare rows that change bits (about a quarter of the fp32 case's rows, none of rows 0 and 1).
+MUTANTS = (
+    *MUTANTS,
+    *(
+        Mutant(
+            f"rms_norm_fp32_sum_above_{rows}_rows",
+            "rms_norm",
+            functools.partial(kernels.rms_norm_fp32_sum_above, rows),
+            f"the launcher takes the fp32-accumulating config above {rows} rows (a config keyed on the batch)",
+            ("batch_prefix",),
+        )
+        for rows in (3, 4, 5, 6)
     ),
 )
 

@@ -35,6 +35,7 @@ from batchinv.fast import matmul as matmul_launcher
 from batchinv.fast import mean as mean_launcher
 from batchinv.fast import moe_align as moe_align_launcher
 from batchinv.fast import moe_router as moe_router_launcher
+from batchinv.fast import rms_norm as rms_norm_launcher
 from batchinv.fast import softmax as softmax_launcher
 from batchinv.fast import swiglu as swiglu_launcher
 from batchinv.fast import topk as topk_launcher
@@ -592,3 +593,27 @@ def matmul_bucket_frozen_at_trace_time() -> Callable[..., Any]:
         return acc.to(out_dtype or x.dtype)
 
     return subject
+
+
+# --- rms_norm ---------------------------------------------------------------------------------
+
+_RMS_CONFIG = "config = config_for(arch(x.device), x.dtype, x.shape[1])"
+
+
+def _fp32_sum_above(rows: int) -> Callable[[Any, int], Any]:
+    def pick(config: Any, num_rows: int) -> Any:
+        return replace(config, fp64_sum=False) if num_rows > rows else config
+
+    return pick
+
+
+def rms_norm_fp32_sum_above(rows: int) -> Callable[..., Any]:
+    """The rms_norm launcher with a config keyed on the batch: above ``rows`` rows it takes the
+    fp32-accumulating config (the squares summed in fp32, in the tile's fp32 order)."""
+    return mutate(  # type: ignore[no-any-return]
+        rms_norm_launcher,
+        "rms_norm",
+        _RMS_CONFIG,
+        "config = fp32_sum_above(config_for(arch(x.device), x.dtype, x.shape[1]), x.shape[0])",
+        extra_globals={"fp32_sum_above": _fp32_sum_above(rows)},
+    )
