@@ -125,7 +125,7 @@ MAX_SIZE = 2**31 - 1
 #: 8 TB allocation, or a Python loop that never ends).
 MAX_WIDTH = 2**20
 
-_INT_EXPECTED = "a host integer (a Python int or a NumPy integer; not a bool, a float or a tensor)"
+_INT_EXPECTED = "a host integral (a Python int or a NumPy integer; not a bool, a float or a tensor)"
 
 
 def check_int(argument: str, value: Any, low: int, high: int = MAX_SIZE) -> int:
