@@ -4,9 +4,12 @@ of ``kernels/decode_attention.py``.
 The split -- a fixed number of KV slots per split -- comes from :data:`DECODE_ATTENTION_TABLE`,
 keyed ONLY on (arch, head dim, dtype): never on the batch, the SM count, or other requests'
 lengths.  Each query token gets ``ceil(its slots / split_tokens)`` splits; the grid is
-``(R * Q * Hkv, max splits the table width allows)``, sized from shapes only, so a launch needs
-no host sync and can be captured in a CUDA graph (the value checks that read lengths and page
-ids are skipped under capture, as :mod:`batchinv.fast.topk` does).
+``(R * Q * Hkv, the most splits a token of the launch has)``, sized from the longest length
+(read on the host with the value checks), or under CUDA-graph capture from the table's
+capacity ``T * S`` alone, so a captured launch needs no host sync (the value checks that read
+lengths and page ids are skipped under capture, as :mod:`batchinv.fast.topk` does).  Either way
+the size moves no output bit: the splits are absolute position ranges.  A grid past CUDA's
+limits (65,535 splits) is refused with an ArgumentError.
 """
 
 from __future__ import annotations
@@ -119,11 +122,46 @@ def decode_attention_config(arch_name: str, head_dim: int, dtype: torch.dtype) -
     return DECODE_ATTENTION_TABLE[key]
 
 
-def max_splits(shape: AttentionShape, split_tokens: int) -> int:
-    """The most splits any token of a launch of ``shape`` can have: from shapes only (the table's
-    capacity ``T * S``, or the index slots K), never from lengths."""
-    slots = shape.max_pages * shape.page_size if shape.index_slots is None else shape.index_slots
+def _capturing(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+#: CUDA's grid limits: dim 0 (x) up to 2**31 - 1 programs, dims 1 and 2 (y, z) up to 65,535.
+MAX_GRID_X: Final = 2**31 - 1
+MAX_GRID_Y: Final = 65_535
+
+
+def max_splits(shape: AttentionShape, split_tokens: int, longest: int | None = None) -> int:
+    """The most splits any token of the launch can have.  With ``longest`` (the longest length
+    of the launch, read from ``seq_lens``): ``ceil(min(longest, T * S) / split_tokens)``; without
+    it (under CUDA-graph capture, where no length is read) from shapes only -- the table's
+    capacity ``T * S``.  Sparse mode: the index slots K.  It sizes the grid and the workspace's
+    row stride only: every split is an absolute position range and a token merges its own
+    ``ceil(slots / split_tokens)`` splits, so no output bit depends on it."""
+    if shape.index_slots is not None:
+        slots = shape.index_slots
+    else:
+        capacity = shape.max_pages * shape.page_size
+        slots = capacity if longest is None else min(longest, capacity)
     return max(1, -(-slots // split_tokens))
+
+
+def check_grid(programs: int, splits: int, split_tokens: int, length_argument: str) -> None:
+    """Raise :class:`ArgumentError` unless the split kernel's grid ``(programs, splits)`` and the
+    merge kernel's fit CUDA's limits (:data:`MAX_GRID_X`, :data:`MAX_GRID_Y`): checked on every
+    device, the interpreter too, so a launch the GPU cannot take is refused the same way on
+    the cpu lane rather than launched with a wrapped or rejected grid."""
+    if splits > MAX_GRID_Y:
+        raise ArgumentError(
+            length_argument,
+            f"at most {MAX_GRID_Y} splits of {split_tokens} keys per query token "
+            f"({MAX_GRID_Y * split_tokens} keys: CUDA's grid dim-1 limit)",
+            f"{splits} splits",
+        )
+    if programs > MAX_GRID_X:
+        raise ArgumentError(
+            "q", f"at most {MAX_GRID_X} query rows x heads (CUDA's grid dim-0 limit)", programs
+        )
 
 
 def launch(
@@ -148,8 +186,12 @@ def launch(
     block_table, seq_lens = kernel_operand(block_table).contiguous(), kernel_operand(seq_lens).contiguous()
     has_indices = indices is not None
     idx = kernel_operand(indices).contiguous() if indices is not None else seq_lens  # a dummy pointer
-    splits = max_splits(shape, config.split_tokens)
+    # The grid and workspace are sized from the longest length (validation has read the lengths
+    # already), from the table's capacity under CUDA-graph capture (no host read there).
+    longest = None if _capturing(seq_lens) or indices is not None else int(seq_lens.max())
+    splits = max_splits(shape, config.split_tokens, longest)
     rows = shape.num_requests * shape.q_len * shape.num_q_heads
+    check_grid(rows, splits, config.split_tokens, "seq_lens" if indices is None else "indices")
     ws_o = torch.empty((rows, splits, shape.head_dim), dtype=torch.float32, device=q.device)
     ws_lse = torch.empty((rows, splits), dtype=torch.float32, device=q.device)
     index_slots = shape.index_slots or 0
@@ -257,9 +299,10 @@ def decode_attention(
     and rounds o once.  A request's output bits are therefore invariant along every batch axis:
     the other requests (number, lengths, contents), its slot in the batch, the physical pages
     its KV lives in and the table's padding, and earlier calls.  An empty context (sparse, all
-    indices -1) gives o = +0, lse = -inf, never NaN; a NaN or infinite score (NaN or inf in q
-    or an attended key, a scale that overflows the fp32 scores) gives NaN o and lse, never the
-    empty context's pair.  The scores are fp32: inputs whose products ``|q_d k_d|`` exceed
+    indices -1) gives o = +0, lse = -inf, never NaN, and so does a token whose every attended
+    score is -inf (a -inf score is a masked key of weight 0, as in the reference); a NaN or +inf
+    score (NaN or inf in q or an attended key, a scale that overflows the fp32 scores) gives NaN
+    o and lse, never the empty context's pair.  The scores are fp32: inputs whose products ``|q_d k_d|`` exceed
     fp32's range (|q|, |k| ~ 1e19) are outside the contract -- tensor cores may return finite,
     wrong scores for them, and the launcher does not scan the caches for such values (that
     would double the bytes a decode step reads).  Unreferenced memory (other pages, table

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from batchinv.reference.decode_partition_plan import PLAN_DTYPE, check_plan_args
-from batchinv.reference.errors import ArgumentError
+from batchinv.reference.errors import MAX_WIDTH, check_int
 
 
 def _capturing(t: object) -> bool:
@@ -32,12 +32,13 @@ def partition_spans(num_requests: int, num_sm_parts: int, device: torch.device |
     below P each span is 0 or 1 requests wide, above P a span holds several whole requests.
 
     Raises:
-        ArgumentError: ``num_requests < 0`` or ``num_sm_parts < 1``.
+        DTypeError: either count not a host integer (:func:`~batchinv.reference.errors.check_int`:
+            a bool, a float, a tensor).
+        ArgumentError: ``num_requests`` outside ``[0, MAX_SIZE]`` or ``num_sm_parts`` outside
+            ``[1, MAX_WIDTH]`` (:mod:`batchinv.reference.errors`).
     """
-    if num_requests < 0:
-        raise ArgumentError("num_requests", "an int >= 0", num_requests)
-    if num_sm_parts < 1:
-        raise ArgumentError("num_sm_parts", "an int >= 1", num_sm_parts)
+    num_requests = check_int("num_requests", num_requests, 0)
+    num_sm_parts = check_int("num_sm_parts", num_sm_parts, 1, MAX_WIDTH)
     starts = torch.arange(num_sm_parts + 1, device=device, dtype=torch.int64) * num_requests // num_sm_parts
     return torch.stack([starts[:-1], starts[1:]], dim=1).to(PLAN_DTYPE)
 
@@ -68,7 +69,7 @@ def decode_partition_plan(
     )
     device = seq_lens.device
     partition = request_partitions(partition_spans(b, parts, device), b)
-    num_splits, bounds = request_splits(seq_lens.to(torch.int64), split_tokens, max_splits)
+    num_splits, bounds = request_splits(seq_lens.to(torch.int64), split_tokens, int(max_splits))
     return partition, num_splits, bounds
 
 

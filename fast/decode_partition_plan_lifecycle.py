@@ -35,7 +35,7 @@ import torch
 from batchinv.fast.baselines.decode_partition_plan import token_balanced
 from batchinv.fast.decode_partition_plan import decode_partition_plan
 from batchinv.reference.decode_partition_plan import PLAN_DTYPE
-from batchinv.reference.errors import ArgumentError, BatchinvError
+from batchinv.reference.errors import MAX_SIZE, MAX_WIDTH, ArgumentError, BatchinvError, check_int
 
 #: A shape's key: the layer type, ``(num_heads_q, q_len)`` -- what the kernel's partition count
 #: depends on (with the device's SM count), never the batch.
@@ -65,6 +65,19 @@ class PlanConfig:
     blocks_per_split: int = 4
     max_splits: int = 16
     max_requests: int = 512
+
+    def __post_init__(self) -> None:
+        """Validate the fields with :func:`~batchinv.reference.errors.check_int` (host integers
+        >= 1; ``max_splits`` and ``max_requests`` at most
+        :data:`~batchinv.reference.errors.MAX_WIDTH`: they size the static buffers); a NumPy
+        integer is stored as the Python int it holds.
+
+        Raises:
+            DTypeError, ArgumentError: a field that is not a host integer in its range.
+        """
+        for name in ("block_size", "blocks_per_split", "max_splits", "max_requests"):
+            high = MAX_WIDTH if name in ("max_splits", "max_requests") else MAX_SIZE
+            object.__setattr__(self, name, check_int(name, getattr(self, name), 1, high))
 
 
 class PlanBuffers:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-from batchinv.reference.errors import DeviceError
+from batchinv.reference.errors import ArgumentError, DeviceError
 
 
 def interpreting() -> bool:
@@ -28,11 +28,41 @@ def interpreting() -> bool:
 INTERPRETING_AT_IMPORT = interpreting()
 
 
-def check_launch_device(argument: str, tensor: torch.Tensor) -> None:
-    """Raise :class:`DeviceError` unless ``tensor`` can be a kernel operand here.
+def _autograd_handled_outside() -> bool:
+    """True inside an aten kernel called by autograd (below the autograd dispatch keys: the
+    ``aten`` overrides of ``enable()``), where autograd records the call around the kernel."""
+    return torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.ADInplaceOrView)
 
-    CUDA tensors always can; CPU tensors only under the interpreter.
+
+def check_no_grad(argument: str, tensor: torch.Tensor) -> None:
+    """Raise :class:`ArgumentError` if ``tensor`` requires grad while grad mode is on.
+
+    The one rule of every public fast function: the Triton kernels carry no autograd formula,
+    so an output computed from such an operand would come back with ``requires_grad=False`` and
+    a gradient through it would silently be zero -- refused instead.  Call under
+    ``torch.no_grad()`` or ``torch.inference_mode()``, or detach the operand.  Not refused inside
+    an aten kernel that autograd calls (the ``aten::mm`` overrides of ``batchinv.enable()``):
+    there autograd records the op itself and its backward runs the op's own formula.
     """
+    if tensor.requires_grad and torch.is_grad_enabled() and not _autograd_handled_outside():
+        raise ArgumentError(
+            argument,
+            "a tensor that does not require grad, or grad mode off (the kernels carry no autograd "
+            "formula: the output would silently have no gradient; use torch.no_grad() or "
+            "torch.inference_mode(), or .detach())",
+            "a tensor with requires_grad=True under grad mode",
+        )
+
+
+def check_launch_device(argument: str, tensor: torch.Tensor) -> None:
+    """Raise :class:`DeviceError` unless ``tensor`` can be a kernel operand here, and
+    :class:`ArgumentError` if it requires grad under grad mode (:func:`check_no_grad`).
+
+    CUDA tensors always can; CPU tensors only under the interpreter.  Every launcher passes
+    each of its tensor operands through this check, so both rules hold for every public fast
+    function.
+    """
+    check_no_grad(argument, tensor)
     if tensor.device.type == "cuda":
         return
     if tensor.device.type == "cpu" and interpreting():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from batchinv.fast.device import check_launch_device, interpreter_quiet, kernel_operand
+from batchinv.fast.device import check_launch_device, check_no_grad, interpreter_quiet, kernel_operand
 from batchinv.fast.matmul import SCALE_CODES, ScaleOperands, _arch_key, _descriptors, _launch, check_out, plan
 from batchinv.fast.matmul_config import MatmulConfig, reduction_tree
 from batchinv.reference.fp8_gemm import validate
@@ -123,6 +123,9 @@ def fp8_gemm(
     """
     args = validate(x, weight, x_scale, weight_scale, bias, scale_layout, out_dtype)
     check_launch_device("x", x)
+    for name, t in (("weight", weight), ("x_scale", x_scale), ("weight_scale", weight_scale), ("bias", bias)):
+        if t is not None:
+            check_no_grad(name, t)
     matmul_args = MatmulArgs(args.m, args.n, args.k, args.out_dtype)
     if out is None:
         out = torch.empty((args.m, args.n), device=x.device, dtype=args.out_dtype)

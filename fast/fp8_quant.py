@@ -137,7 +137,7 @@ def fp8_quant(x: torch.Tensor, *, group_size: int | None = None) -> tuple[torch.
     :func:`batchinv.reference.fp8_quant.check_fp8_quant_args`; DeviceError for CPU tensors
     without the Triton interpreter.
     """
-    check_fp8_quant_args(x, group_size)
+    group_size = check_fp8_quant_args(x, group_size)
     check_launch_device("x", x)
     seg_len = x.shape[1] if group_size is None else min(group_size, x.shape[1])
     # Keyed on (arch, segment length) only -- never on x.shape[0], the number of rows.

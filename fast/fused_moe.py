@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from batchinv.fast.device import check_no_grad
 from batchinv.fast.grouped_gemm import grouped_gemm, layer_block_m
 from batchinv.fast.matmul import matmul
 from batchinv.fast.moe_align import moe_align
@@ -51,6 +52,12 @@ def compose(
         hidden, router_weight, w13, w2, top_k, scoring, renormalize, correction_bias, n_group, topk_group,
         apply_router_weight_on_input,
     )  # fmt: skip
+    for name, t in (
+        ("hidden", hidden), ("router_weight", router_weight), ("w13", w13), ("w2", w2),
+        ("correction_bias", correction_bias),
+    ):  # fmt: skip
+        if t is not None:
+            check_no_grad(name, t)
     if logits_fn is None:
         logits = matmul(hidden, router_weight, out_dtype=torch.float32)  # [T, E] fp32 accumulator
     else:

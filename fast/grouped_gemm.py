@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from batchinv.fast.device import arch, check_launch_device, interpreter_quiet, interpreting, kernel_operand
-from batchinv.reference.errors import ArgumentError
+from batchinv.reference.errors import ArgumentError, check_int
 from batchinv.reference.grouped_gemm import GroupedGemmArgs, validate
 
 
@@ -126,8 +126,7 @@ def select_config(arch_key: str, dtype: torch.dtype, block_m: int, n: int, k: in
         raise ArgumentError("a", "dtype bfloat16 (the grouped GEMM's table)", dtype)
     if not isinstance(arch_key, str):
         raise ArgumentError("arch_key", f"one of {sorted(TILES)}", arch_key)
-    if not _is_int(block_m):
-        raise ArgumentError("block_m", "an int", block_m)
+    block_m = check_int("block_m", block_m, 1)
     tiles = TILES.get(arch_key)
     if tiles is None:
         raise ArgumentError(
@@ -159,10 +158,8 @@ def layer_block_m(device: torch.device, num_tokens: int, top_k: int, num_experts
     """The fused layer's align block for ``num_tokens`` tokens: :func:`block_m`'s schedule.
     :class:`ArgumentError` for a ``num_tokens`` that is not an int >= 0 or a ``top_k`` that is
     not an int >= 1 (``num_experts``: :func:`block_m`)."""
-    if not _is_int(num_tokens) or num_tokens < 0:
-        raise ArgumentError("num_tokens", "an int >= 0", num_tokens)
-    if not _is_int(top_k) or top_k < 1:
-        raise ArgumentError("top_k", "an int >= 1", top_k)
+    num_tokens = check_int("num_tokens", num_tokens, 0)
+    top_k = check_int("top_k", top_k, 1)
     return block_m(device, num_rows=num_tokens * top_k, num_experts=num_experts)
 
 
@@ -189,10 +186,12 @@ def block_m(
         raise ArgumentError("device", f"an architecture of the grouped GEMM table ({sorted(TILES)})", key)
     if num_rows is None and num_experts is None:
         return DEFAULT_BLOCK_M[key]
-    if num_rows is None or not _is_int(num_rows) or num_rows < 0:
+    if num_rows is None:
         raise ArgumentError("num_rows", "an int >= 0 (with num_experts)", num_rows)
-    if num_experts is None or not _is_int(num_experts) or num_experts < 1:
+    if num_experts is None:
         raise ArgumentError("num_experts", "an int >= 1 (with num_rows)", num_experts)
+    num_rows = check_int("num_rows", num_rows, 0, 2**62)
+    num_experts = check_int("num_experts", num_experts, 1)
     mean = num_rows / num_experts
     return next(bm for limit, bm in SCHEDULE[key] if mean <= limit)
 

@@ -20,6 +20,7 @@ import torch
 from batchinv.fast.device import (
     arch,
     check_launch_device,
+    check_no_grad,
     interpreter_quiet,
     interpreting,
     kernel_operand,
@@ -180,6 +181,9 @@ def matmul(
     """
     args = validate(x, weight, bias, layout, out_dtype, precision)
     check_launch_device("x", x)
+    check_no_grad("weight", weight)
+    if bias is not None:
+        check_no_grad("bias", bias)
     if out is None:
         out = torch.empty((args.m, args.n), device=x.device, dtype=args.out_dtype)
     else:

@@ -18,7 +18,7 @@ import dataclasses
 
 import torch
 
-from batchinv.fast.decode_attention import DecodeAttentionConfig, decode_attention_config
+from batchinv.fast.decode_attention import DecodeAttentionConfig, check_grid, decode_attention_config
 from batchinv.fast.device import arch, check_launch_device, interpreter_quiet, kernel_operand
 from batchinv.fast.kernels import decode_attention as kernels
 from batchinv.reference.decode_attention import AttentionShape
@@ -107,6 +107,7 @@ def launch_rows(
     key_start = rows.key_start if rows.key_start is not None else rows.keys  # a dummy pointer
     group = num_q_heads // num_kv_heads
     total = num_rows * num_q_heads
+    check_grid(total, splits, config.split_tokens, "seq_lens" if indices is None else "indices")
     ws_o = torch.empty((total, splits, head_dim), dtype=torch.float32, device=q.device)
     ws_lse = torch.empty((total, splits), dtype=torch.float32, device=q.device)
     block_g = max(16, 1 << (group - 1).bit_length())

@@ -42,6 +42,7 @@ def prefill_chunk_plan(
         As :func:`batchinv.reference.prefill_chunk_plan.check_prefill_chunk_plan_arguments`.
     """
     check_prefill_chunk_plan_arguments(prompt_lens, token_budget, max_chunks)
+    token_budget, max_chunks = int(token_budget), int(max_chunks)
     lengths = prompt_lens.to(torch.int64)
     num_chunks = (lengths + (token_budget - 1)) // token_budget
     k = torch.arange(max_chunks, dtype=torch.int64, device=lengths.device)

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from batchinv.fast.device import check_launch_device, interpreter_quiet, interpreting, kernel_operand
+from batchinv.fast.device import (
+    check_launch_device,
+    check_no_grad,
+    interpreter_quiet,
+    interpreting,
+    kernel_operand,
+)
 from batchinv.reference.swiglu import check_swiglu_args
 
 #: Largest column block (elements of one row per program).
@@ -65,6 +71,8 @@ def swiglu(
     """
     check_swiglu_args(gate_up, scale)
     check_launch_device("gate_up", gate_up)
+    if scale is not None:
+        check_no_grad("scale", scale)
     m, two_i = gate_up.shape
     i = two_i // 2
     out = torch.empty((m, i), dtype=gate_up.dtype, device=gate_up.device)

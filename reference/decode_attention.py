@@ -271,8 +271,10 @@ def decode_attention(
     Notes
     -----
     Each request is computed alone from its own pages: outputs do not depend on the batch.  An
-    empty context (sparse, every index -1) gives o = +0 and lse = -inf.  NaN or inf in an
-    attended key or value propagates as the formula says; memory not attended is never read.
+    empty context (sparse, every index -1) gives o = +0 and lse = -inf, and so does a token
+    whose every attended score is -inf (a -inf score is a masked key, weight 0; the fast path
+    agrees).  NaN or inf in an attended key or value otherwise propagates as the formula says
+    (a NaN or +inf score: NaN o and lse); memory not attended is never read.
 
     Raises
     ------
@@ -299,7 +301,9 @@ def decode_attention(
             vh = vc.repeat_interleave(group, dim=1)  # [N, Hq, D]
             scores = torch.einsum("hd,nhd->hn", q[r, i].to(torch.float64), kh) * s  # [Hq, N]
             lse_ri = torch.logsumexp(scores, dim=-1)  # [Hq]
-            weights = (scores - lse_ri[:, None]).exp()  # [Hq, N]
+            # a -inf score is a masked key, weight 0 -- also when every score is -inf (lse = -inf:
+            # -inf - -inf would be NaN), which gives the empty context's pair (o = 0, lse = -inf)
+            weights = torch.where(torch.isneginf(scores), 0.0, (scores - lse_ri[:, None]).exp())  # [Hq, N]
             o[r, i] = torch.einsum("hn,nhd->hd", weights, vh)  # [Hq, D]
             lse[r, i] = lse_ri
     assert o.shape == (*q.shape[:3], d) and lse.shape == q.shape[:3]

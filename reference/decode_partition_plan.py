@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from batchinv.reference.errors import ArgumentError, check_int, check_tensor
+from batchinv.reference.errors import MAX_SIZE, MAX_WIDTH, ArgumentError, check_int, check_tensor
 
 PLAN_DTYPE = torch.int32
 
@@ -56,18 +56,30 @@ def check_plan_args(
     one past the capacity; the fast planner skips it while a CUDA graph is being captured.
 
     Raises:
-        DTypeError: ``seq_lens`` not an int32 tensor; a configuration value not an int.
+        DTypeError: ``seq_lens`` not an int32 tensor; a configuration value not a host integer
+            (:func:`~batchinv.reference.errors.check_int`: a bool, a float, a tensor).
         ArgumentError: ``seq_lens`` not 1-D; ``num_sm_parts``, ``block_size``,
-            ``blocks_per_split`` or ``max_splits`` below 1; a length below 0 or above the
-            capacity (a plan never truncates a request silently).
+            ``blocks_per_split`` or ``max_splits`` below 1; ``num_sm_parts`` or ``max_splits``
+            above :data:`~batchinv.reference.errors.MAX_WIDTH`, ``block_size`` or the split
+            ``block_size * blocks_per_split`` above
+            :data:`~batchinv.reference.errors.MAX_SIZE` (int64 arithmetic and allocations
+            sized by them must hold); a length below 0 or above the capacity (a plan never
+            truncates a request silently).
         DeviceError: ``seq_lens`` on the meta device.
     """
     check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), ndim=1)
-    parts = check_int("num_sm_parts", num_sm_parts, 1)
+    parts = check_int("num_sm_parts", num_sm_parts, 1, MAX_WIDTH)
     block = check_int("block_size", block_size, 1)
     per_split = check_int("blocks_per_split", blocks_per_split, 1)
-    splits = check_int("max_splits", max_splits, 1)
+    splits = check_int("max_splits", max_splits, 1, MAX_WIDTH)
     split_tokens = block * per_split
+    if split_tokens > MAX_SIZE:
+        # a split longer than any int32 length; the int64 products split_tokens * k stay sane
+        raise ArgumentError(
+            "blocks_per_split",
+            f"block_size * blocks_per_split <= {MAX_SIZE} (a split is an int32 length)",
+            f"{per_split} (block_size {block}: {split_tokens} tokens)",
+        )
     capacity = splits * split_tokens
     if check_values and seq_lens.numel():
         low, high = int(seq_lens.min()), int(seq_lens.max())
@@ -109,6 +121,7 @@ def decode_partition_plan(
     request split by its own length only).
     """
     b, parts, _, _ = check_plan_args(seq_lens, num_sm_parts, block_size, blocks_per_split, max_splits)
+    block_size, blocks_per_split, max_splits = int(block_size), int(blocks_per_split), int(max_splits)
     lengths = [int(n) for n in seq_lens.tolist()]
     owner = [-1] * b
     for p in range(parts):

@@ -114,18 +114,48 @@ def check_last_dim(x: Any, dim: Any, length_name: str) -> None:
         raise ArgumentError("dim", f"the last dim (-1 or {x.dim() - 1}): only the last dim is supported", dim)
 
 
-def check_int(argument: str, value: Any, low: int) -> int:
-    """``value`` itself if it is a Python int (not a bool) ``>= low``.
+#: The default upper bound of a size argument (:func:`check_int`): the largest int32.  Every
+#: size the kernels and plans index with fits in int32, and a product of two such sizes still
+#: fits the int64 the plans compute in; a larger value is refused by name, never wrapped.
+MAX_SIZE = 2**31 - 1
+
+#: The upper bound of a width or count that sizes an allocation per request or per worker (a
+#: plan's ``max_splits``, ``max_chunks``, ``num_sm_parts``): a plan of ``b`` requests allocates
+#: ``b * (W + 1)`` entries, so an absurd width is refused by name rather than attempted (an
+#: 8 TB allocation, or a Python loop that never ends).
+MAX_WIDTH = 2**20
+
+_INT_EXPECTED = "a host integral (a Python int or a NumPy integer; not a bool, a float or a tensor)"
+
+
+def check_int(argument: str, value: Any, low: int, high: int = MAX_SIZE) -> int:
+    """The one rule for an integer (size, count, index) argument, in both trees: ``value`` as a
+    Python int when it is a host integer in ``[low, high]``.
+
+    Accepted: a Python int and a NumPy integer scalar (``np.int64(8)``), anything
+    ``operator.index`` takes except the refused kinds below.  Refused with :class:`DTypeError`:
+    a bool (Python, NumPy or a bool tensor: a flag is not a count), a float (even ``2.0``), a
+    tensor of any rank and dtype (a device value: reading it is a host synchronisation and a
+    CUDA-graph capture failure).  Refused with :class:`ArgumentError`: a value below ``low`` or
+    above ``high`` (by default :data:`MAX_SIZE`, so the int64 arithmetic on it cannot wrap and
+    no allocation is sized by an absurd value).
 
     Raises:
-        DTypeError: not an int (a bool, a float, a tensor...).
-        ArgumentError: below ``low``.
+        DTypeError: not a host integer.
+        ArgumentError: outside ``[low, high]``.
     """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise DTypeError(argument, "an int", type(value).__name__)
-    if value < low:
-        raise ArgumentError(argument, f"an int >= {low}", value)
-    return value
+    import operator
+
+    import numpy as np
+
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise DTypeError(argument, _INT_EXPECTED, type(value).__name__)
+    number = operator.index(value)
+    if number < low:
+        raise ArgumentError(argument, f"an int >= {low}", number)
+    if number > high:
+        raise ArgumentError(argument, f"an int in [{low}, {high}] (a larger value cannot be held)", number)
+    return number
 
 
 class NotBuiltError(BatchinvError, NotImplementedError):

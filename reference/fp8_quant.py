@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from batchinv.reference.errors import ArgumentError, DTypeError, check_tensor
+from batchinv.reference.errors import ArgumentError, check_int, check_tensor
 from batchinv.reference.exact import power_of_two
 
 #: Input dtypes of x.
@@ -67,23 +67,25 @@ E4M3_MAX_BITS = 0x7E
 E4M3_NAN_BITS = 0x7F
 
 
-def check_group_size(group_size: Any) -> None:
-    """Validate ``group_size``: None (per token) or an int power of two >= 16.
+def check_group_size(group_size: Any) -> int | None:
+    """Validate ``group_size``: None (per token) or a host integer power of two >= 16
+    (:func:`~batchinv.reference.errors.check_int`); returns it as a Python int (or None).
 
     Raises:
-        DTypeError: not None nor an int (a bool, a float, a tensor...).
-        ArgumentError: an int below 16 or not a power of two.
+        DTypeError: not None nor a host integer (a bool, a float, a tensor...).
+        ArgumentError: an int below 16, above 2**62 or not a power of two.
     """
     if group_size is None:
-        return
-    if isinstance(group_size, bool) or not isinstance(group_size, int):
-        raise DTypeError("group_size", "None or an int", type(group_size).__name__)
-    if group_size < MIN_GROUP_SIZE or group_size & (group_size - 1):
+        return None
+    group_size = check_int("group_size", group_size, MIN_GROUP_SIZE, 2**62)  # min(group, K) is used
+    if group_size & (group_size - 1):
         raise ArgumentError("group_size", f"None or a power of two >= {MIN_GROUP_SIZE}", group_size)
+    return group_size
 
 
-def check_fp8_quant_args(x: Any, group_size: Any) -> None:
-    """Validate the arguments of :func:`fp8_quant`.
+def check_fp8_quant_args(x: Any, group_size: Any) -> int | None:
+    """Validate the arguments of :func:`fp8_quant`; returns ``group_size`` as a Python int (or
+    None).
 
     Raises:
         DTypeError: x not a tensor of a dtype in :data:`SUPPORTED_DTYPES`; group_size not None
@@ -94,7 +96,7 @@ def check_fp8_quant_args(x: Any, group_size: Any) -> None:
     check_tensor("x", x, dtypes=SUPPORTED_DTYPES, ndim=2)
     if x.shape[1] == 0:
         raise ArgumentError("x", "a 2-D (M, K) tensor with K >= 1", f"shape {tuple(x.shape)}")
-    check_group_size(group_size)
+    return check_group_size(group_size)
 
 
 def num_groups(k: int, group_size: int | None) -> int:
@@ -172,7 +174,7 @@ def fp8_quant(x: torch.Tensor, *, group_size: int | None = None) -> tuple[torch.
     Source: the dynamic per-token / per-group activation quantization of vLLM
     (``scaled_fp8_quant``, ``per_token_group_quant_fp8``) and DeepSeek-V3 (``act_quant``, 1 x 128).
     """
-    check_fp8_quant_args(x, group_size)
+    group_size = check_fp8_quant_args(x, group_size)
     m, k = x.shape
     g = k if group_size is None else min(group_size, k)  # a group past K is the row: pad to K, not G
     ng = num_groups(k, group_size)

@@ -55,7 +55,7 @@ def check_fused_moe_args(
     Raises:
         DTypeError: a tensor that is not bf16 (``correction_bias``: fp32), a flag not a bool;
             the router's arguments (see ``Routing.validate``).
-        ArgumentError: ``hidden`` not ``[T, H]``; ``router_weight`` not ``[E, H]``; ``w13`` not
+        ArgumentError: ``hidden`` not ``[T, H]`` with ``H >= 1``; ``router_weight`` not ``[E, H]``; ``w13`` not
             ``[E, 2 I, H]`` (an odd row count does not split into gate and up); ``w2`` not
             ``[E, H, I]``; ``top_k`` outside ``[1, E]``; the router's other conditions.
         DeviceError: tensors on different devices, or on the meta device.
@@ -69,6 +69,10 @@ def check_fused_moe_args(
             "apply_router_weight_on_input", "a bool", type(apply_router_weight_on_input).__name__
         )
     t, h = hidden.shape
+    if h == 0:
+        # an empty hidden size: every dot product is empty; refused with a name, not a raw
+        # reshape error deep in the launch
+        raise ArgumentError("hidden", "[T, H] with H >= 1", tuple(hidden.shape))
     e = router_weight.shape[0]
     if router_weight.shape[1] != h:
         raise ArgumentError("router_weight", f"[E, H = {h}] (H of hidden)", tuple(router_weight.shape))

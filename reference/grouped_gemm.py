@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from batchinv.reference import matmul as ref_matmul
-from batchinv.reference.errors import ArgumentError, DTypeError, check_same_device, check_tensor
+from batchinv.reference.errors import ArgumentError, DTypeError, check_int, check_same_device, check_tensor
 
 INPUT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16,)
 
@@ -67,19 +67,16 @@ def validate(
     Raises
     ------
     DTypeError
-        ``a`` or ``w`` not bf16; the index tensors not int32; ``top_k`` not an int;
+        ``a`` or ``w`` not bf16; the index tensors not int32; ``top_k`` not a host integer (:func:`~batchinv.reference.errors.check_int`);
         ``a_per_slot`` not a bool.
     ArgumentError
-        ``w`` not 3-D; K of ``w`` differing from ``a``'s; ``a`` of the wrong rank or rows;
+        ``w`` not 3-D; K of ``w`` differing from ``a``'s; K = 0; ``a`` of the wrong rank or rows;
         ``top_k < 1``; lengths of ``sorted_ids`` / ``block_expert`` / ``num_padded`` that no
         ``block_m`` explains; ids or experts out of range; a flat index missing or repeated.
     DeviceError
         any tensor on another device than ``a`` (or on ``meta``).
     """
-    if isinstance(top_k, bool) or not isinstance(top_k, int):
-        raise DTypeError("top_k", "an int", type(top_k).__name__)
-    if top_k < 1:
-        raise ArgumentError("top_k", "an int >= 1", top_k)
+    top_k = check_int("top_k", top_k, 1)
     if not isinstance(a_per_slot, bool):
         raise DTypeError("a_per_slot", "a bool", type(a_per_slot).__name__)
     check_tensor("a", a, dtypes=INPUT_DTYPES)
@@ -101,6 +98,11 @@ def validate(
         raise ArgumentError("a", want, f"{a.dim()}-D tensor of shape {tuple(a.shape)}")
     if int(a.shape[-1]) != kdim:
         raise ArgumentError("w", f"shape [E, N, K] with K = {int(a.shape[-1])} (a.shape[-1])", tuple(w.shape))
+    if kdim == 0:
+        # an empty reduction: refused (as fused_moe refuses H = 0) rather than a raw reshape error
+        raise ArgumentError(
+            "a", "K = a.shape[-1] >= 1 (an empty reduction is not a grouped GEMM)", tuple(a.shape)
+        )
     for name, value in (
         ("sorted_ids", sorted_ids),
         ("block_expert", block_expert),

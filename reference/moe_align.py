@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from batchinv.reference.errors import ArgumentError, check_int, check_tensor
+from batchinv.reference.errors import MAX_SIZE, ArgumentError, check_int, check_tensor
 
 #: The smallest block_m (a power of two) the contract accepts.
 MIN_BLOCK_M = 16
@@ -29,9 +29,12 @@ def check_moe_align_args(
     the fast path skips it while a CUDA graph is being captured (see ``fast/moe_align.py``).
 
     Raises:
-        DTypeError: ``topk_ids`` not an int32 tensor; ``num_experts`` or ``block_m`` not an int.
+        DTypeError: ``topk_ids`` not an int32 tensor; ``num_experts`` or ``block_m`` not a host
+            integer (:func:`~batchinv.reference.errors.check_int`).
         ArgumentError: ``topk_ids`` not 2-D or with k = 0; ``num_experts`` < 1; ``block_m`` not a
-            power of two >= 16; top_k > num_experts; an id outside ``[0, num_experts)``.
+            power of two >= 16, or so large that the output length ``T*k + E*(block_m-1)``
+            passes :data:`~batchinv.reference.errors.MAX_SIZE`; top_k > num_experts; an id
+            outside ``[0, num_experts)``.
     """
     check_tensor("topk_ids", topk_ids, dtypes=(torch.int32,), ndim=2)
     num_experts = check_int("num_experts", num_experts, 1)
@@ -48,6 +51,15 @@ def check_moe_align_args(
         if low < 0 or high >= num_experts:
             bad = low if low < 0 else high
             raise ArgumentError("topk_ids", f"expert ids in [0, num_experts = {num_experts})", bad)
+    length, _ = output_lengths(num_tokens, top_k, num_experts, block_m)
+    if length > MAX_SIZE:
+        # sorted_ids is indexed in int32 (and the kernels' padded counts are int32)
+        raise ArgumentError(
+            "block_m",
+            f"T*k + E*(block_m - 1) <= {MAX_SIZE} (the int32 length of sorted_ids; T*k = "
+            f"{num_tokens * top_k}, E = {num_experts})",
+            block_m,
+        )
     return num_tokens, top_k, num_experts, block_m
 
 

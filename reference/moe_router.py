@@ -44,13 +44,19 @@ weights (the ids are still defined by the keys).
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from batchinv.reference.errors import ArgumentError, DTypeError, check_same_device, check_tensor
+from batchinv.reference.errors import (
+    MAX_SIZE,
+    ArgumentError,
+    DTypeError,
+    check_int,
+    check_same_device,
+    check_tensor,
+)
 from batchinv.reference.exact import round_once
 from batchinv.reference.topk import monotone_key
 
@@ -74,13 +80,9 @@ _MAGNITUDE_MASK = 0x7FFFFFFF
 
 
 def _integral(name: str, value: Any) -> int:
-    expected = "an integral (int, numpy integer, ...; not a bool)"
-    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
-        raise DTypeError(name, expected, type(value).__name__)
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise DTypeError(name, expected, type(value).__name__) from None
+    """The one integer rule (:func:`~batchinv.reference.errors.check_int`); the ranges are
+    checked by the caller."""
+    return check_int(name, value, -MAX_SIZE - 1)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from batchinv.reference.errors import ArgumentError, check_int, check_tensor
+from batchinv.reference.errors import MAX_WIDTH, ArgumentError, check_int, check_tensor
 
 #: The last dim of ``chunks``: per chunk, the offset of its first token inside the request,
 #: its number of the request's tokens, the rows of the whole chunk (the kernel's M), and the
@@ -44,14 +44,16 @@ def check_prefill_chunk_plan_arguments(
 
     Raises:
         DTypeError: ``prompt_lens`` not an int32/int64 tensor; ``token_budget`` or
-            ``max_chunks`` not an int.
+            ``max_chunks`` not a host integer (:func:`~batchinv.reference.errors.check_int`).
         ArgumentError: ``prompt_lens`` not 1-D or with a negative length; ``token_budget`` or
-            ``max_chunks`` below 1; a request that needs more than ``max_chunks`` chunks (the
+            ``max_chunks`` below 1, ``token_budget`` above
+            :data:`~batchinv.reference.errors.MAX_SIZE` or ``max_chunks`` above
+            :data:`~batchinv.reference.errors.MAX_WIDTH` (the int64 arithmetic must hold); a request that needs more than ``max_chunks`` chunks (the
             plan raises rather than truncate a prompt).
     """
     check_tensor("prompt_lens", prompt_lens, dtypes=(torch.int32, torch.int64), ndim=1)
     budget = check_int("token_budget", token_budget, 1)
-    width = check_int("max_chunks", max_chunks, 1)
+    width = check_int("max_chunks", max_chunks, 1, MAX_WIDTH)
     lengths = [int(n) for n in prompt_lens.tolist()]
     for r, n in enumerate(lengths):
         if n < 0:
@@ -103,6 +105,7 @@ def prefill_chunk_plan(
         As :func:`check_prefill_chunk_plan_arguments`.
     """
     lengths = check_prefill_chunk_plan_arguments(prompt_lens, token_budget, max_chunks)
+    token_budget, max_chunks = int(token_budget), int(max_chunks)
     counts = []
     rows = []
     for n in lengths:

@@ -19,12 +19,11 @@ smallest keys, so any sentinel would collide with a real input (seed write-up 00
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import torch
 
-from batchinv.reference.errors import ArgumentError, DTypeError, check_same_device, check_tensor
+from batchinv.reference.errors import ArgumentError, check_int, check_same_device, check_tensor
 
 __all__ = ["INDEX_DTYPES", "check_topk_arguments", "clamped_window", "monotone_key", "topk"]
 
@@ -41,12 +40,12 @@ def check_topk_arguments(scores: Any, row_starts: Any, row_ends: Any, k: Any) ->
     """Validate the arguments of :func:`topk` (and of the fast path, which shares the contract).
 
     Returns:
-        ``k`` as a Python int (any integral that is not a bool is accepted: ``numpy.int64``,
-        a 0-d integer tensor...).
+        ``k`` as a Python int (a Python int or a NumPy integer; a tensor is refused: a device
+        value read on the host is a synchronisation and a capture failure).
 
     Raises:
-        DTypeError: a non-tensor, ``scores`` not float32, bounds not int32/int64, ``k`` not an
-            integral (``operator.index`` fails) or a bool.
+        DTypeError: a non-tensor, ``scores`` not float32, bounds not int32/int64, ``k`` not a
+            host integer (:func:`~batchinv.reference.errors.check_int`: a bool, a float, a tensor).
         ArgumentError: a wrong rank, bounds whose length is not ``num_rows``, ``k < 1`` or
             ``k > 2**31 - 1`` (:data:`MAX_K`), or a row with ``row_end < row_start``.
         DeviceError: bounds on another device than ``scores``; any tensor on the meta device.
@@ -61,11 +60,7 @@ def check_topk_arguments(scores: Any, row_starts: Any, row_ends: Any, k: Any) ->
         check_same_device(name, bound, scores.device)
         if bound.shape[0] != num_rows:
             raise ArgumentError(name, f"length num_rows = {num_rows} (the rows of scores)", bound.shape[0])
-    k = _integral_k(k)
-    if k < 1:
-        raise ArgumentError("k", "an int >= 1", k)
-    if k > MAX_K:
-        raise ArgumentError("k", f"an int <= {MAX_K} (2**31 - 1; indices are int32)", k)
+    k = check_int("k", k, 1, MAX_K)  # the one integer rule: indices are int32
     if num_rows and not _capturing(scores.device):
         inverted = row_ends.to(torch.int64) < row_starts.to(torch.int64)
         if bool(inverted.any()):
@@ -76,16 +71,6 @@ def check_topk_arguments(scores: Any, row_starts: Any, row_ends: Any, k: Any) ->
                 int(row_ends[row]),
             )
     return k
-
-
-def _integral_k(k: Any) -> int:
-    expected = "an integral (int, numpy integer, ...; not a bool)"
-    if isinstance(k, bool) or (isinstance(k, torch.Tensor) and k.dtype == torch.bool):
-        raise DTypeError("k", expected, type(k).__name__)
-    try:
-        return operator.index(k)
-    except TypeError:
-        raise DTypeError("k", expected, type(k).__name__) from None
 
 
 def _capturing(device: torch.device) -> bool:

@@ -26,7 +26,7 @@ def fp8_quant_per_tensor_dynamic(
     Same signature and output shapes as :func:`batchinv.fast.fp8_quant.fp8_quant`; ``scale``
     holds the one per-tensor scale in every entry.
     """
-    check_fp8_quant_args(x, group_size)
+    group_size = check_fp8_quant_args(x, group_size)
     m, k = x.shape
     xf = x.to(torch.float32)
     finite = torch.where(torch.isfinite(xf), xf.abs(), torch.zeros_like(xf))

@@ -170,7 +170,9 @@ def decode_attention_split_kernel(
             s = tl.where(valid[None, :], s, NEG_INF)
             m_new = tl.maximum(m, tl.max(s, axis=1))
             alpha = tl.where(m_new == NEG_INF, 1.0, tl.exp(m - m_new))
-            p = tl.where(valid[None, :], tl.exp(s - m_new[:, None]), 0.0)
+            # A -inf score is a masked key: weight 0, even while every score so far is -inf
+            # (exp(-inf - -inf) would be NaN); a NaN or +inf score still gives NaN.
+            p = tl.where(valid[None, :] & (s != NEG_INF), tl.exp(s - m_new[:, None]), 0.0)
             l_sum = l_sum * alpha + tl.sum(p, axis=1)
             # fp32 weights times values, never one 16-bit rounding of p: on tensor cores either
             # p as a 16-bit head + tail pair (two 16-bit dots) or 3xTF32 (16-bit values are
@@ -183,8 +185,8 @@ def decode_attention_split_kernel(
                 pv = tl.dot(p, v.to(tl.float32), input_precision="tf32x3")
             acc = acc * alpha[:, None] + pv
             m = m_new
-        # No attended slot: (0, -inf).  A NaN sum (a NaN or infinite score) stays NaN: it must
-        # never read as an empty split.
+        # No attended slot, or every attended score -inf: (0, -inf).  A NaN sum (a NaN or +inf
+        # score) stays NaN: it must never read as an empty split.
         empty = l_sum == 0
         lse = tl.where(empty, NEG_INF, m + tl.log(l_sum))
         o = tl.where(empty[:, None], 0.0, acc / l_sum[:, None])
