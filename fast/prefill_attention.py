@@ -24,7 +24,20 @@ from batchinv.fast.kernels import decode_attention as kernels
 from batchinv.reference.decode_attention import AttentionShape
 from batchinv.reference.prefill_attention import check_prefill_attention_arguments, default_scale
 
-__all__ = ["KVLayout", "PackedRows", "launch", "launch_rows", "prefill_attention", "row_plan"]
+#: The most bytes one launch's split workspace may take (fp32 partial o and lse of every row x
+#: head x split); more rows go in further launches (:func:`launch_rows`).  Never a row's
+#: arithmetic: a row is one program whatever else its launch holds.
+WORKSPACE_BYTES = 1 << 30
+
+__all__ = [
+    "WORKSPACE_BYTES",
+    "KVLayout",
+    "PackedRows",
+    "launch",
+    "launch_rows",
+    "prefill_attention",
+    "row_plan",
+]
 
 
 def row_plan(
@@ -95,21 +108,82 @@ def launch_rows(
     """The decode kernel's two stages on packed query rows ``q (T, Hq, D)`` (last dim contiguous):
     ``(o (T, Hq, D) in q's dtype, lse (T, Hq) fp32)``, contiguous.  ``splits`` (at least every
     row's ``ceil(keys / split_tokens)``) sizes the grid and the workspace only, never a row's
-    arithmetic; ``max_tokens`` clamps a row's keys (the table's capacity).  Validated arguments."""
+    arithmetic; ``max_tokens`` clamps a row's keys (the table's capacity).  Validated arguments.
+
+    The rows go in consecutive slices whose split workspace (``rows x Hq x splits x (D + 1)``
+    fp32) stays within :data:`WORKSPACE_BYTES`: a 32k-token prefill at D 256 would otherwise ask
+    for ~17 GB.  Each row is one program whatever shares its launch, so the slicing cannot move
+    a bit (the ``co_batch`` check's property; ``test_row_slices_give_the_same_bits`` shows it)."""
     num_rows, num_q_heads, head_dim = q.shape
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (T, Hq, D) contiguous
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)  # (T, Hq)
     if o.numel() == 0:
         return o.zero_(), lse.fill_(float("-inf"))
+    check_grid(
+        num_rows * num_q_heads, splits, config.split_tokens, "seq_lens" if indices is None else "indices"
+    )
+    per_row = num_q_heads * max(1, splits) * (head_dim + 1) * 4
+    step = max(1, WORKSPACE_BYTES // per_row)
+    ws_rows = min(step, num_rows)
+    ws_o = torch.empty((ws_rows * num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
+    ws_lse = torch.empty((ws_rows * num_q_heads, splits), dtype=torch.float32, device=q.device)
+    for first in range(0, num_rows, step):
+        rows_here = slice(first, min(first + step, num_rows))
+        _launch_slice(
+            q[rows_here],
+            k,
+            v,
+            kv,
+            block_table,
+            seq_lens,
+            PackedRows(
+                rows.request[rows_here],
+                rows.keys[rows_here],
+                rows.key_start[rows_here] if rows.key_start is not None else None,
+            ),
+            indices[rows_here] if indices is not None else None,
+            o[rows_here],
+            lse[rows_here],
+            ws_o,
+            ws_lse,
+            scale=scale,
+            num_kv_heads=num_kv_heads,
+            max_tokens=max_tokens,
+            splits=splits,
+            config=config,
+        )
+    return o, lse
+
+
+def _launch_slice(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv: KVLayout,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    rows: PackedRows,
+    indices: torch.Tensor | None,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    ws_o: torch.Tensor,
+    ws_lse: torch.Tensor,
+    *,
+    scale: float,
+    num_kv_heads: int,
+    max_tokens: int,
+    splits: int,
+    config: DecodeAttentionConfig,
+) -> None:
+    """One slice of :func:`launch_rows`: its rows' split and merge kernels, into the views ``o``
+    and ``lse`` (contiguous row slices), through the first rows of the shared workspace."""
+    num_rows, num_q_heads, head_dim = q.shape
     has_indices = indices is not None
     idx = indices if indices is not None else seq_lens  # a dummy pointer
     index_slots = int(indices.shape[1]) if indices is not None else 0
     key_start = rows.key_start if rows.key_start is not None else rows.keys  # a dummy pointer
     group = num_q_heads // num_kv_heads
     total = num_rows * num_q_heads
-    check_grid(total, splits, config.split_tokens, "seq_lens" if indices is None else "indices")
-    ws_o = torch.empty((total, splits, head_dim), dtype=torch.float32, device=q.device)
-    ws_lse = torch.empty((total, splits), dtype=torch.float32, device=q.device)
     block_g = max(16, 1 << (group - 1).bit_length())
     with interpreter_quiet():
         kernels.decode_attention_split_kernel[(num_rows * num_kv_heads, splits)](
@@ -170,7 +244,6 @@ def launch_rows(
             HAS_RAGGED=True,
             num_warps=config.num_warps,
         )
-    return o, lse
 
 
 def launch(

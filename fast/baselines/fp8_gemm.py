@@ -51,7 +51,8 @@ def torch_scaled_mm(
     """``torch._scaled_mm(x, weight.T, ...)`` (cuBLASLt; ``use_fast_accum=False``, PyTorch's
     default, which promotes the tensor core's partial sums to fp32).  Tensor scales: one scalar
     each; token scales: cuBLASLt's row-wise scaling (``x_scale [M, 1]``, ``weight_scale`` as
-    ``[1, N]``), bf16 output only; block scales: ``torch.nn.functional.scaled_mm`` with the
+    ``[1, N]``), bf16 output only, the rows padded with zeros to a multiple of 16 where cuBLASLt
+    refuses their count (``CUBLAS_STATUS_NOT_SUPPORTED``; seen at N 2688, M 2 on the H200); block scales: ``torch.nn.functional.scaled_mm`` with the
     1x128 / 128x128 block-wise recipes where this PyTorch has them.  A case cuBLASLt cannot
     express raises :class:`~batchinv.reference.errors.Unsupported` (a ``skip``).  GPU only."""
 
@@ -68,9 +69,19 @@ def torch_scaled_mm(
     if scale_layout == "token":
         if out_dtype != torch.bfloat16:
             raise Unsupported("row-wise scaled torch._scaled_mm gives bf16 output only")
-        return torch._scaled_mm(
-            x, b, x_scale, weight_scale.reshape(1, args.n), bias=bias, out_dtype=out_dtype
-        )
+        w_scale = weight_scale.reshape(1, args.n)
+        try:
+            return torch._scaled_mm(x, b, x_scale, w_scale, bias=bias, out_dtype=out_dtype)
+        except RuntimeError as exc:
+            if "CUBLAS_STATUS_NOT_SUPPORTED" not in str(exc):
+                raise
+        # cuBLASLt refuses some row counts (the H200 sweep: N 2688, M 2); a serving engine pads
+        # the batch: zero rows (scale 1) up to a multiple of 16, cut off again
+        rows = x.shape[0]
+        pad = -rows % 16
+        x_padded = torch.cat([x, x.new_zeros((pad, x.shape[1]))])
+        scale_padded = torch.cat([x_scale.reshape(rows, 1), x_scale.new_ones((pad, 1))])
+        return torch._scaled_mm(x_padded, b, scale_padded, w_scale, bias=bias, out_dtype=out_dtype)[:rows]
     scaled_mm = getattr(torch.nn.functional, "scaled_mm", None)
     if scaled_mm is None or not hasattr(torch.nn.functional, "ScalingType"):
         raise Unsupported(f"torch {torch.__version__} has no block-wise scaled_mm")

@@ -262,3 +262,33 @@ def test_prefix_cache_hit_equals_the_cold_prefill_at_every_page_aligned_cut():
         assert_same_bits(o[start : start + n], cold_o[c:], f"o in the mixed batch, prefix {c}")
         assert_same_bits(lse[start : start + n], cold_lse[c:], f"lse in the mixed batch, prefix {c}")
         start += n
+
+
+@any_lane
+@pytest.mark.parametrize("sparse", [False, True], ids=["causal", "sparse"])
+def test_row_slices_give_the_same_bits(sparse, monkeypatch):
+    """A launch whose split workspace would pass ``WORKSPACE_BYTES`` goes in consecutive row
+    slices (a 32k-token prefill at D 256 asked for 13 GiB on the H200 sweep): with the budget
+    cut to one row, then to three, every row's o and lse keep the single launch's bits."""
+    import batchinv.fast.prefill_attention as launcher
+
+    lens, q_lens = [40, 23, 9], [7, 5, 1]
+    k, v, table = paged(lens)
+    q, cu = packed_q(q_lens)
+    indices = None
+    if sparse:  # each row: its even positions up to its own, then the -1 tail
+        rows = []
+        for length, n in zip(lens, q_lens, strict=True):
+            for i in range(n):
+                p = length - n + i
+                picks = list(range(0, p + 1, 2))[:6]
+                rows.append(picks + [-1] * (6 - len(picks)))
+        indices = torch.tensor(rows, dtype=torch.int32, device=DEVICE)
+    o_one, lse_one = fast(q, k, v, table, cu, i32(lens), indices=indices)
+    split = decode_attention_config(arch(q.device), D, q.dtype).split_tokens
+    per_row = q.shape[1] * -(-max(lens) // split) * (D + 1) * 4
+    for rows_per_launch in (1, 3):
+        monkeypatch.setattr(launcher, "WORKSPACE_BYTES", rows_per_launch * per_row)
+        o, lse = fast(q, k, v, table, cu, i32(lens), indices=indices)
+        assert_same_bits(o, o_one, f"o, {rows_per_launch} row(s) per launch")
+        assert_same_bits(lse, lse_one, f"lse, {rows_per_launch} row(s) per launch")
