@@ -227,7 +227,9 @@ def run_check(
     except isolation.SubjectTimeout as exc:  # the run goes on; the row names the case and check
         result.status = TIMEOUT
         result.detail = f"a call of the subject timed out: {exc}"
-    except (Exception, SystemExit) as exc:  # an error row, and the sweep goes on (a subject's exit too)
+    except KeyboardInterrupt:  # the user's Ctrl-C stops the run
+        raise
+    except BaseException as exc:  # an error row, and the sweep goes on (a subject's exit, GeneratorExit too)
         result.status = "error"
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         result.detail = last
