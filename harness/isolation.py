@@ -30,6 +30,7 @@ The probes and the snapshot cost under a millisecond per call.
 from __future__ import annotations
 
 import operator
+import os
 import signal
 import sys
 import threading
@@ -214,7 +215,8 @@ def restore_judge(snapshot: Any) -> list[str]:
         if all(map(operator.is_, copy.values(), map(namespace.get, copy))):
             continue  # the common case, at C speed
         for key, value in copy.items():
-            if namespace.get(key, _MISSING) is not value:
+            now = namespace.get(key, _MISSING)
+            if now is not value and not _torch_wrapper(now, value):
                 changed.append(f"{mod_name}.{key} rebound")
                 namespace[key] = value
     for cls, copy in classes:
@@ -229,6 +231,18 @@ def restore_judge(snapshot: Any) -> list[str]:
 
 
 _MISSING = object()
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _torch_wrapper(new: Any, old: Any) -> bool:
+    """Whether ``new`` is torch's own wrapper of ``old`` (importing ``torch._dynamo`` rebinds
+    ``torch.manual_seed`` to a ``functools.wraps`` wrapper defined in torch): not a subject's."""
+    code = getattr(new, "__code__", None)
+    return (
+        getattr(new, "__wrapped__", _MISSING) is old
+        and code is not None
+        and code.co_filename.startswith(_TORCH_DIR)
+    )
 
 
 # --- time limit ----------------------------------------------------------------------------------

@@ -93,3 +93,26 @@ def test_subject_raising_generator_exit_is_an_error_row():
     report = check_subject(COMPONENT, raising_generator_exit, lane="cpu", checks=["agreement"])
     assert report.results and {r.status for r in report.results} == {"error"}, report.summary()
     assert all("GeneratorExit" in r.detail for r in report.results), report.summary()
+
+
+class _LateRebind:
+    """Rebinds the reference's exact sums to zeros when it is dropped: after the subject's call
+    has returned and the guard has checked, as a thread the subject left running would."""
+
+    def __del__(self):
+        reference_mean.exact_row_sums = lambda finite: [0] * finite.shape[0]
+
+
+def rebinding_after_the_call(x, dim=-1, keepdim=False, dtype=None):
+    out = zeros(x, dim, keepdim, dtype)
+    out.late = _LateRebind()  # dropped with the output, after the comparison
+    return out
+
+
+def test_a_change_made_outside_the_subjects_calls_is_an_error_not_a_later_pass(names_restored):
+    report = check_subject(COMPONENT, rebinding_after_the_call, lane="cpu", checks=["agreement"])
+    statuses = {r.status for r in report.results}
+    assert "pass" not in statuses and not report.ok, report.summary()
+    assert any("outside the subject's calls" in r.detail for r in report.results), report.summary()
+    later = check_subject(COMPONENT, good, lane="cpu", checks=["agreement"])
+    assert later.ok, later.summary()
