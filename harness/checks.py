@@ -207,7 +207,9 @@ def run_check(
     judge's data (a component's reference, the registry) makes it ``error`` naming the change,
     which is undone first.  The check itself runs with the CPU's flush-to-zero off, whatever
     the caller's thread had (an extension built with ``-ffast-math`` sets it on import), so the
-    reference and the comparator never run under a subject's state.
+    reference and the comparator never run under a subject's state.  The judge's data is
+    checked once more when the check ends: a change made outside the subject's calls (by a
+    thread it left running) makes the row ``error`` too, and is undone.
     """
     baseline = _baseline_of(component, subject)
     if baseline is not None and baseline.is_pin_candidate and os.environ.get(_CHILD_ENV) != "1":
@@ -218,6 +220,7 @@ def run_check(
         observer.check_started(check, case.id)
     start = time.perf_counter()
     entry_fp = isolation.fp_state()
+    entry_judge = isolation.judge_snapshot(component)  # re-checked at the end: a subject's thread
     try:
         if entry_fp["cpu denormals-are-zero"] or entry_fp["cpu flush-to-zero"]:
             torch.set_flush_denormal(False)
@@ -227,16 +230,27 @@ def run_check(
     except isolation.SubjectTimeout as exc:  # the run goes on; the row names the case and check
         result.status = TIMEOUT
         result.detail = f"a call of the subject timed out: {exc}"
-    except (Exception, SystemExit) as exc:  # an error row, and the sweep goes on (a subject's exit too)
+    except KeyboardInterrupt:  # the user's Ctrl-C stops the run
+        raise
+    except BaseException as exc:  # an error row, and the sweep goes on (a subject's exit, GeneratorExit too)
         result.status = "error"
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         result.detail = last
     finally:
         isolation.restore_fp_state(entry_fp)
+        late = isolation.restore_judge(entry_judge)
+    if late and not result.detail.startswith(_CHANGED):
+        # changed outside every guarded call (a thread the subject left running): never a pass
+        result.status = "error"
+        result.detail = f"{_LATE}: {'; '.join(late[:6])}"
     result.seconds = time.perf_counter() - start
     if observer is not None:
         observer.check_ended(result)
     return result
+
+
+_CHANGED = "batchinv.harness.isolation.StateChanged"
+_LATE = "the judge's state changed during the check, outside the subject's calls (restored)"
 
 
 def _new_result(

@@ -11,9 +11,11 @@ subject's callable so that every call:
   and the comparator never run under the subject's state (an extension built with
   ``-ffast-math`` sets flush-to-zero on import or on its first call);
 * snapshots the judge's data (every registered component's fields, one level into their
-  nested dataclasses and baselines, the registry's cache, and the names bound in the judge's
-  modules); a call that changed one is an error naming it, and the original is restored, so a
-  subject that replaces ``component.reference`` neither passes nor poisons a later subject;
+  nested dataclasses and baselines, the registry's cache, the names bound in the judge's
+  modules, in every loaded ``batchinv.reference`` module and in torch's namespaces, and
+  ``torch.Tensor``'s attributes); a call that changed one is an error naming it, and the
+  original is restored, so a subject that replaces ``component.reference`` (or a helper or
+  torch function the reference calls) neither passes nor poisons a later subject;
 * runs under a time limit (:func:`time_limit`): past it the call is a :class:`SubjectTimeout`
   (a ``timeout`` row).  In-process the limit is a ``SIGALRM`` timer (POSIX, main thread only),
   re-fired every second until the call ends, so a subject that swallows the first one gets
@@ -22,11 +24,13 @@ subject's callable so that every call:
   call overruns (see :mod:`batchinv.harness.sweep`).  Off the main thread (or without
   ``setitimer``) the limit is only checked when the call returns.
 
-The probes cost a few microseconds per call.
+The probes and the snapshot cost under a millisecond per call.
 """
 
 from __future__ import annotations
 
+import operator
+import os
 import signal
 import sys
 import threading
@@ -132,7 +136,28 @@ _JUDGE_MODULES = (
     "batchinv.reference.exact",
 )
 
+#: Module prefixes whose loaded modules' bound names are snapshot too: the references (a
+#: reference calls its module's helpers by name) and the torch namespaces they call into.
+_REFERENCE_PREFIX = "batchinv.reference."
+_TORCH_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.special", "torch.fft")
+
+#: Classes whose attributes a subject must not replace (``torch.Tensor.double``, ``.sum``...).
+_JUDGE_CLASSES: tuple[type, ...] = (torch.Tensor,)
+
 _Snapshot = list[tuple[str, Any, str, Any]]  # (label, owner, attribute, value)
+
+
+_WATCHED: tuple[int, list[str]] = (-1, [])
+
+
+def _watched_modules() -> list[str]:
+    """The judge modules, every loaded reference module and the torch namespaces (recomputed
+    when the number of loaded modules changes)."""
+    global _WATCHED
+    if _WATCHED[0] != len(sys.modules):
+        references = sorted(m for m in list(sys.modules) if m.startswith(_REFERENCE_PREFIX))
+        _WATCHED = (len(sys.modules), [*dict.fromkeys([*_JUDGE_MODULES, *references, *_TORCH_MODULES])])
+    return _WATCHED[1]
 
 
 def _fields_of(label: str, obj: Any, depth: int, out: _Snapshot) -> None:
@@ -150,10 +175,15 @@ def _fields_of(label: str, obj: Any, depth: int, out: _Snapshot) -> None:
 
 def judge_snapshot(
     component: Any = None,
-) -> tuple[_Snapshot, dict[str, Any], list[tuple[str, dict[str, Any], dict[str, Any]]]]:
+) -> tuple[
+    _Snapshot,
+    dict[str, Any],
+    list[tuple[str, dict[str, Any], dict[str, Any]]],
+    list[tuple[type, dict[str, Any]]],
+]:
     """The judge's data as it is now: ``component``'s fields (two levels; None: every
-    registered component's), the registry cache's entries, and the judge modules' namespaces
-    (shallow copies)."""
+    registered component's), the registry cache's entries, the watched modules' namespaces
+    and the judge classes' attributes (shallow copies)."""
     from batchinv.harness import registry
 
     attrs: _Snapshot = []
@@ -161,16 +191,17 @@ def judge_snapshot(
     for name, comp in judged:
         _fields_of(f"component {name!r}", comp, 2, attrs)
     modules = [
-        (m, vars(sys.modules[m]), dict(vars(sys.modules[m]))) for m in _JUDGE_MODULES if m in sys.modules
+        (m, vars(sys.modules[m]), dict(vars(sys.modules[m]))) for m in _watched_modules() if m in sys.modules
     ]
-    return attrs, dict(registry._CACHE), modules
+    classes = [(cls, dict(vars(cls))) for cls in _JUDGE_CLASSES]
+    return attrs, dict(registry._CACHE), modules, classes
 
 
 def restore_judge(snapshot: Any) -> list[str]:
     """Put back what changed since ``snapshot`` (:func:`judge_snapshot`); what was put back."""
     from batchinv.harness import registry
 
-    attrs, cache, modules = snapshot
+    attrs, cache, modules, classes = snapshot
     changed: list[str] = []
     for name, comp in cache.items():
         if registry._CACHE.get(name) is not comp:
@@ -181,14 +212,37 @@ def restore_judge(snapshot: Any) -> list[str]:
             changed.append(f"{label} replaced")
             object.__setattr__(owner, attr, value)
     for mod_name, namespace, copy in modules:
+        if all(map(operator.is_, copy.values(), map(namespace.get, copy))):
+            continue  # the common case, at C speed
         for key, value in copy.items():
-            if namespace.get(key, _MISSING) is not value:
+            now = namespace.get(key, _MISSING)
+            if now is not value and not _torch_wrapper(now, value):
                 changed.append(f"{mod_name}.{key} rebound")
                 namespace[key] = value
+    for cls, copy in classes:
+        namespace = vars(cls)
+        if all(map(operator.is_, copy.values(), map(namespace.get, copy))):
+            continue
+        for key, value in copy.items():
+            if vars(cls).get(key, _MISSING) is not value:
+                changed.append(f"{cls.__module__}.{cls.__qualname__}.{key} replaced")
+                setattr(cls, key, value)
     return changed
 
 
 _MISSING = object()
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _torch_wrapper(new: Any, old: Any) -> bool:
+    """Whether ``new`` is torch's own wrapper of ``old`` (importing ``torch._dynamo`` rebinds
+    ``torch.manual_seed`` to a ``functools.wraps`` wrapper defined in torch): not a subject's."""
+    code = getattr(new, "__code__", None)
+    return (
+        getattr(new, "__wrapped__", _MISSING) is old
+        and code is not None
+        and code.co_filename.startswith(_TORCH_DIR)
+    )
 
 
 # --- time limit ----------------------------------------------------------------------------------

@@ -86,8 +86,27 @@ def m_sweep(lane: Lane, limit: int | None = None) -> tuple[int, ...]:
 
 #: The row counts batch_prefix adds to :data:`M_SWEEP` (docs/DESIGN.md, "Sweep axes"): every M
 #: of 1..17 and each power of two 32..256 with both neighbours, so a launcher or kernel that
-#: changes anything at a row-count threshold anywhere in 1..257 is launched on both sides of it.
-ROW_THRESHOLD_MS: tuple[int, ...] = (*range(1, 18), 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257)
+#: changes anything at a row-count threshold anywhere in 1..257 is launched on both sides of it;
+#: and 24, 48, 96, the tuned-config keys (vLLM's fused-MoE config files) whose nearest-key bands
+#: (21..28, 41..56, 81..112) hold no other M, so a config taken only inside a band is launched.
+ROW_THRESHOLD_MS: tuple[int, ...] = (
+    *range(1, 18),
+    24,
+    31,
+    32,
+    33,
+    48,
+    63,
+    64,
+    65,
+    96,
+    127,
+    128,
+    129,
+    255,
+    256,
+    257,
+)
 #: batch_prefix launches a threshold case's rows cycled up to this many rows when the case has
 #: fewer: every threshold M on GPU lanes; on the cpu lane (the interpreter: a row kernel costs
 #: milliseconds per row) the Ms 1..8, the higher thresholds running where the case has the rows.

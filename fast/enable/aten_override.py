@@ -249,6 +249,9 @@ def enable(*, strict: bool | None = None, num_sms: int | None = None) -> Iterato
     ------
     ArgumentError
         ``strict`` other than True, False or None.
+    BlockOrderError
+        On exit: the thread's blocks were closed out of order (an enclosing block before one
+        opened inside it, e.g. by two asyncio tasks sharing the thread); the state is cleared.
 
     Notes
     -----
@@ -291,8 +294,14 @@ def enable(*, strict: bool | None = None, num_sms: int | None = None) -> Iterato
             yield stats
     finally:
         stats._end = calls.copy()
+        inner_open = len(frames) - 1
         frames.clear()
         state.release()
+        if inner_open > 0:
+            raise state.BlockOrderError(
+                f"the outermost block of this thread exited with {inner_open} block(s) opened inside it "
+                "still open (they would run unpinned)"
+            )
 
 
 def _nested(frames: list[Frame], strict: bool | None, num_sms: int | None) -> Iterator[EnableStats]:
@@ -310,5 +319,11 @@ def _nested(frames: list[Frame], strict: bool | None, num_sms: int | None) -> It
     try:
         yield frame.stats
     finally:
+        if not frames or frames[-1] is not frame:
+            if frame in frames:
+                frames.remove(frame)
+            raise state.BlockOrderError(
+                "a nested block exited after its enclosing block or before a block opened inside it"
+            )
         frames.pop()
         outer.mode.strict = outer.strict

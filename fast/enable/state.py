@@ -19,8 +19,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from batchinv.reference.errors import BatchinvError
 
-@dataclass
+
+class BlockOrderError(BatchinvError, RuntimeError):
+    """An ``enable()`` block of a thread was closed while a block opened inside it was still
+    open (two asyncio tasks, or generators, sharing the thread and closing their blocks out of
+    order): the inner block would run unpinned after the outer one exits."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"enable() blocks closed out of order: {detail}")
+
+
+@dataclass(eq=False)
 class Frame:
     """One open ``enable()`` block of the calling thread.
 

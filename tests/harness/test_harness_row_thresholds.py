@@ -66,3 +66,33 @@ def test_small_launches_compare_distinct_rows():
     assert below_7 == set(range(21))  # 1 + 2 + ... + 6 rows, each once
     for m, rows in invariance.prefix_launches(3, prefix_sweep(Lane.SM90), cycle_to=257):
         assert len(rows) == m and set(rows) <= {0, 1, 2}
+
+
+#: The batch sizes vLLM's tuned fused-MoE config files are keyed by; a launch of M rows takes
+#: the config of the nearest key (``min(keys, key=lambda k: abs(k - M))``,
+#: ``vllm/model_executor/layers/fused_moe/fused_moe.py:try_get_optimal_moe_config``).
+VLLM_CONFIG_KEYS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+
+
+def _shift_with_config(key: int):
+    """One ULP on every element of a launch whose nearest config key is ``key``: its bits change
+    inside a band of row counts (21..28 for 24), not above a threshold."""
+
+    def fn(b: Batch):
+        x = b.rows["x"]
+        nearest = min(VLLM_CONFIG_KEYS, key=lambda k: abs(k - x.shape[0]))
+        return (x * (1.0 + 2.0**-23) if nearest == key else x * 1.0,)
+
+    return fn
+
+
+@pytest.mark.parametrize(("lane", "rows"), [(Lane.SM90, 3), (Lane.CPU, 300)])
+def test_a_config_band_of_nearest_key_lookup_is_launched(lane, rows):
+    b = Batch({"x": torch.randn(rows, 4, generator=torch.Generator().manual_seed(0)) + 4.0})
+    ms, cycle = prefix_sweep(lane), threshold_cycle(lane)
+    reach = max(cycle, b.num_rows)
+    for key in VLLM_CONFIG_KEYS:
+        if key > reach:
+            continue
+        result = invariance.batch_prefix(_shift_with_config(key), b, ms, cycle_to=cycle)
+        assert not result.passed, (lane, key, "no launch takes this key's config")
