@@ -899,6 +899,10 @@ def test_every_check_of_the_cpu_cases_runs_the_kernel_somewhere():
     for check in COMPONENT.applicable_checks():
         if check == "agreement":
             continue  # the stub does not agree; agreement runs one batch, the case's own
+        if check == "modes":
+            # modes also wants the torch.ops operator's run-time call count (issue 25), which a
+            # plain stub cannot give: its kernel cases are the sweep's, with the real operator
+            continue
         statuses = {run_check(stub, "fast", check, c, Lane.CPU).status for c in cases}
         assert "pass" in statuses, f"{check}: no cpu case runs the kernel on every launch ({statuses})"
         assert statuses <= {"pass", REFERENCE_PATH, "skip"}, f"{check}: {statuses}"  # skip: one-row cases
