@@ -55,8 +55,8 @@ def split_doubled_above_the_partition_count() -> Any:
     return mutate(
         planner,
         "decode_partition_plan",
-        "num_splits, bounds = request_splits(seq_lens.to(torch.int64), split_tokens, max_splits)",
-        "num_splits, bounds = request_splits(seq_lens.to(torch.int64), split_tokens * (1 + (b > parts)), max_splits)",
+        "num_splits, bounds = request_splits(seq_lens.to(torch.int64), split_tokens, int(max_splits))",
+        "num_splits, bounds = request_splits(seq_lens.to(torch.int64), split_tokens * (1 + (b > parts)), int(max_splits))",
     )
 
 
