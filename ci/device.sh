@@ -44,7 +44,7 @@ fi
 cd "$(dirname "$0")/.." || exit 2
 OUT=$1; shift
 PY=${PY:-python3}; LANE=${LANE:-}; WORKERS=${WORKERS:-8}; REPS=${REPS:-20}; TAIL=${TAIL:-12}
-TUNE_TAKES_OUT=" matmul fp8_gemm log_softmax topk_rows "
+TUNE_TAKES_OUT=" matmul fp8_gemm log_softmax topk_rows rows "
 lane=(); [ -n "$LANE" ] && lane=(--lane "$LANE")
 
 # plan SPEC: sets name, cap, cmd (the step's command line) and cold (1: clear the caches first)

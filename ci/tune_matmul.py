@@ -1,6 +1,7 @@
 """Tuning aid for the matmul's two tables (GPU lanes), one run:
 
     python ci/tune_matmul.py OUTDIR        # table on stdout, OUTDIR/tune_matmul.json
+    TUNE_SHAPES=256x4096:float32 python ci/tune_matmul.py OUTDIR    # only the shapes named
 
 For each production shape of issue 11 it times, against the issue's comparator in the same run
 (cuBLAS ``F.linear`` in the input dtype, then a cast for fp32 logits; cuBLAS fp32 with TF32 off
@@ -15,6 +16,7 @@ in the sweep).  The chosen rows go into ``fast/matmul_config.py``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -60,6 +62,13 @@ SPLITS = {
         E(16, 32, num_warps=2, num_stages=3, split_k=True),
         E(32, 64, num_warps=4, num_stages=3, split_k=True),
         E(64, 64, num_warps=4, num_stages=3, split_k=True),
+        # round 4 (issue 26: the IEEE router at 1.75-3.48x cuBLAS from M = 32)
+        E(16, 64, num_warps=4, num_stages=3, split_k=True),
+        E(16, 16, num_warps=1, num_stages=3, split_k=True),
+        E(32, 32, num_warps=2, num_stages=3, split_k=True),
+        E(64, 128, num_warps=8, num_stages=3, split_k=True),
+        E(128, 64, num_warps=8, num_stages=3, split_k=True),
+        E(128, 128, num_warps=8, num_stages=2, split_k=True),
     ],
 }
 WALKS = {
@@ -74,7 +83,14 @@ WALKS = {
         E(128, 128, num_warps=4, num_stages=4, tma=True),
         E(64, 256, num_warps=4, num_stages=4, tma=True),
     ],
-    "fp32": [E(64, 64, num_warps=4, num_stages=3)],
+    "fp32": [
+        E(64, 64, num_warps=4, num_stages=3),
+        E(128, 64, num_warps=8, num_stages=3),
+        E(64, 128, num_warps=8, num_stages=3),
+        E(128, 128, num_warps=8, num_stages=2),
+        E(128, 128, num_warps=16, num_stages=2),
+        E(32, 64, num_warps=4, num_stages=3),
+    ],
 }
 
 
@@ -109,7 +125,10 @@ def main(out_dir: Path) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     g = torch.Generator().manual_seed(0)
+    only = os.environ.get("TUNE_SHAPES")  # e.g. "256x4096:float32,4096x4096:bfloat16"
     for n, k, dtype, out_dtype in SHAPES:
+        if only and f"{n}x{k}:{str(dtype)[6:]}" not in only.split(","):
+            continue
         w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype).to(device)
         x_all = torch.randn(max(MS), k, generator=g).to(dtype).to(device)
         shape = f"{str(dtype)[6:]}->{str(out_dtype)[6:]} N={n} K={k}"

@@ -23,9 +23,15 @@ from batchinv.reference.mean import check_mean_args
 # the order of the additions, so a key on the number of rows would make a row's bits depend on
 # its batch.  Never add the row count (or anything derived from it) to this key; a CPU test
 # checks that the launcher's plan is the same at every M.
+# Rows of 2049..8192 columns: 512-column chunks, 4 warps, one row per program (run 53, H200:
+# 4096 columns bf16 took 27.5 us at 1024 rows with the 8192-column tile against torch.mean's
+# 5.7, and 5.3 us with this one; the wide tile's fixed-point lane combine over 8192 lanes, most
+# of them empty, dominated).  docs/BENCHMARKS.md has the table.
+_GPU_UP_TO_8K: Final = Bucket(8192, RowConfig(1, 512, 4))
 _GPU_16BIT: Final = (
     Bucket(256, RowConfig(8, 256, 4)),
     Bucket(2048, RowConfig(2, 2048, 8)),
+    _GPU_UP_TO_8K,
     Bucket(ANY_LENGTH, RowConfig(1, 8192, 16)),
 )
 _INTERP: Final = (
@@ -37,6 +43,7 @@ MEAN_TABLE: Final = MappingProxyType(
         ("gpu", torch.float32): (
             Bucket(256, RowConfig(8, 256, 4)),
             Bucket(2048, RowConfig(2, 2048, 8)),
+            _GPU_UP_TO_8K,
             Bucket(ANY_LENGTH, RowConfig(1, 4096, 16)),
         ),
         ("gpu", torch.bfloat16): _GPU_16BIT,
