@@ -345,7 +345,15 @@ EXECUTION_TABLE: tuple[ExecutionRule, ...] = (
     # --- sm90, IEEE fp32 (FMA dots) ---
     ExecutionRule("sm90", FP32, None, 32, E(16, 32, num_warps=2, num_stages=3, split_k=True), "fp32 decode"),
     ExecutionRule("sm90", FP32, None, 64, E(32, 64, num_warps=4, num_stages=3, split_k=True), "fp32"),
-    ExecutionRule("sm90", FP32, 512, None, E(64, 64, num_warps=4, num_stages=3, split_k=True), "fp32 router"),
+    ExecutionRule("sm90", FP32, 512, 256, E(64, 64, num_warps=4, num_stages=3, split_k=True), "fp32 router"),
+    ExecutionRule(
+        "sm90",
+        FP32,
+        512,
+        None,
+        E(128, 128, num_warps=8, num_stages=2, split_k=True),
+        "fp32 router prefill (run 54: 1.73-2.49x cuBLAS at M 512-4096, against 2.53-3.55x with 64x64)",
+    ),
     ExecutionRule("sm90", FP32, None, None, E(64, 64, num_warps=4, num_stages=3), "fp32, large N: walk"),
     # --- sm90, FP8: walks only (issue 12: no split-K), 64-row tiles at least so Triton emits
     # wgmma, whose fp32 promotion (promote_k) it implements; mma.sync has none ---

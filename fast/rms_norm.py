@@ -93,9 +93,10 @@ def derive_config(arch_name: str, dtype: torch.dtype, n_cols: int) -> RmsNormCon
     else:
         block_m = max(1, 1024 // block_n)
     if arch_name != "interp" and block_n <= _MAX_SINGLE_TILE:
-        # One whole row in registers: 4 warps (run 53, H200, bf16: 7168 columns at 1024 rows
-        # 9.3 us against 12.1 with 16 warps; 4096 columns 6.1 against 6.5 with 8).
-        num_warps = 4
+        # One whole row in registers: 4 warps up to 4096 columns, 8 above (runs 53-54, H200,
+        # bf16: 7168 columns at 1024 rows 10.3 us with 8 warps, 12.1 with 16; at 4096 rows 37.7
+        # with 8, 42.3 with 4; 4096 columns at 1024 rows 5.9 with 4, 6.5 with 8).
+        num_warps = 4 if block_n <= 4096 else 8
     else:
         num_warps = min(16, max(4, block_n // 512))
     return RmsNormConfig(
