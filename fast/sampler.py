@@ -24,12 +24,15 @@ from batchinv.fast.device import arch, check_launch_device, interpreter_quiet, k
 from batchinv.fast.kernels.sampler import sampler_kernel
 from batchinv.reference.sampler import LOG2E, check_sampler_args
 
-#: Tile (columns per step) and warps by (arch kind, V bucket): keyed on V, never on R.
+#: ``(V limit, BLOCK, NPIV, num_warps)`` by arch kind: keyed on V, never on R.  BLOCK: columns per
+#: step of a pass over the row; NPIV: pivots per level of the top-k / top-p cut's search (a
+#: [BLOCK, NPIV] int64 tile: 32 to 64 per thread on GPUs).  Neither can change a bit: every sum
+#: is an int64 sum, and the cut the search finds is unique.
 SAMPLER_TABLE: Final = MappingProxyType(
     {
-        "gpu": ((2048, 256, 16, 1), (32768, 1024, 16, 4), (2**20, 2048, 16, 8)),
+        "gpu": ((2048, 256, 8, 1), (32768, 1024, 8, 4), (2**20, 1024, 8, 8)),
         # the interpreter pays per operation: one tile per pass for the cpu lane's vocabularies,
-        # 64 pivots per level of the cut's search (6 levels for the 32-bit keys)
+        # 64 pivots per level (6 levels for the 32-bit keys)
         "interp": ((2**20, 1024, 64, 1),),
     }
 )

@@ -84,9 +84,7 @@ def _first_bad(mask: torch.Tensor) -> int:
     return int(torch.nonzero(mask)[0, 0])
 
 
-def check_sampler_args(
-    logits: Any, temperature: Any, top_k: Any, top_p: Any, seeds: Any, step: Any
-) -> None:
+def check_sampler_args(logits: Any, temperature: Any, top_k: Any, top_p: Any, seeds: Any, step: Any) -> None:
     """Validate the sampler's arguments (both trees raise the same errors).
 
     Reads the per-request values (a host synchronisation on a GPU): a negative or non-finite
@@ -136,7 +134,12 @@ def philox4x32_10(counter: tuple[int, int, int, int], key: tuple[int, int]) -> t
     for _ in range(10):
         p0 = 0xD2511F53 * c0
         p1 = 0xCD9E8D57 * c2
-        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & _MASK32, p1 & _MASK32, ((p0 >> 32) ^ c3 ^ k1) & _MASK32, p0 & _MASK32
+        c0, c1, c2, c3 = (
+            ((p1 >> 32) ^ c1 ^ k0) & _MASK32,
+            p1 & _MASK32,
+            ((p0 >> 32) ^ c3 ^ k1) & _MASK32,
+            p0 & _MASK32,
+        )
         k0 = (k0 + 0x9E3779B9) & _MASK32
         k1 = (k1 + 0xBB67AE85) & _MASK32
     return c0, c1, c2, c3
@@ -325,7 +328,12 @@ def tolerance_bound(
         d = e * s + 3.01 * U32 * (1 + e) * spread + kept.numel() * 2.0**-42
         ln_term = d / (s - d) if s > d else math.inf
         zt = abs(float(z[tok]))
-        lp_bound[r] = 3.01 * U32 * zt + ln_term + 2.0**-50 * (zt + abs(math.log(s)) + 1) + U32 * (abs(lp) + ln_term + 3.01 * U32 * zt)
+        lp_bound[r] = (
+            3.01 * U32 * zt
+            + ln_term
+            + 2.0**-50 * (zt + abs(math.log(s)) + 1)
+            + U32 * (abs(lp) + ln_term + 3.01 * U32 * zt)
+        )
     device = logits.device
     return tok_bound.to(device), lp_bound.to(device)
 
@@ -346,4 +354,3 @@ __all__ = [
     "tolerance_bound",
     "uniform53",
 ]
-

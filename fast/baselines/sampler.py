@@ -53,7 +53,7 @@ def _filtered_probs(
     """vLLM-style ``apply_top_k_top_p`` on the batch: fp32 ``logits / T``, an ascending
     ``torch.sort`` (unstable), top-k by the k-th largest value, top-p by the fp32 cumsum of the
     sorted probabilities (``<= 1 - p`` masked, the last kept), scattered back; softmax."""
-    rows, vocab = logits.shape
+    vocab = logits.shape[1]
     t = torch.where(temperature == 0, torch.ones_like(temperature), temperature)
     x = torch.nan_to_num(logits.float(), nan=float("-inf")) / t[:, None]
     x_sort, idx = x.sort(dim=-1, descending=False)

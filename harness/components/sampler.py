@@ -262,7 +262,9 @@ def out_dtypes(batch: Batch) -> tuple[torch.dtype, ...]:
 # --- the oracle: an independent transcription of the rule ---------------------------------------
 
 
-def _oracle_row(xs: list[float], t: float, top_k: int, top_p: float, seed: int, step: int) -> tuple[int, float]:
+def _oracle_row(
+    xs: list[float], t: float, top_k: int, top_p: float, seed: int, step: int
+) -> tuple[int, float]:
     f32 = np.float32
     v = len(xs)
     x = [(-math.inf if math.isnan(a) else (0.0 if a == 0 else a)) for a in xs]

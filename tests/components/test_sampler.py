@@ -207,7 +207,9 @@ def test_a_tie_plateau_at_the_cut_keeps_the_lower_ids_and_every_kept_id_is_drawn
 @pytest.mark.cpu
 @pytest.mark.parametrize("impl", [launcher.sampler, ref.sampler], ids=["fast", "reference"])
 def test_one_token_vocabulary(impl):
-    args = requests(torch.tensor([[3.0], [math.nan], [-math.inf]]), temperature=[0.0, 1.0, 2.0], top_k=[0, 1, 0])
+    args = requests(
+        torch.tensor([[3.0], [math.nan], [-math.inf]]), temperature=[0.0, 1.0, 2.0], top_k=[0, 1, 0]
+    )
     tokens, logprob = impl(**args)
     assert tokens.tolist() == [0, 0, 0] and logprob.abs().max() < 1e-6
 
@@ -220,7 +222,9 @@ def test_many_tiles_and_another_pivot_count_give_the_same_bits(monkeypatch):
     """The cpu lane's cases fit one tile; here V = 100 runs in tiles of 32 with a 4-way cut
     search (the GPU tables' multi-tile paths: the argmax, the cumsums and the cuts carried
     across tiles) and must give the shipped config's bits and the oracle's tokens."""
-    batch = component.build(component.make_case(5, 100, "float32", "plateau,special,normal,peaked", "all", 21), CPU)
+    batch = component.build(
+        component.make_case(5, 100, "float32", "plateau,special,normal,peaked", "all", 21), CPU
+    )
     kwargs = {
         **batch.kwargs(),
         "temperature": torch.tensor([0.6, 1.3, 0.7, 0.0, 1.0]),
