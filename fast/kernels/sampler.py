@@ -17,14 +17,14 @@ import triton.language as tl
 
 # The rule's constants (the values of reference/sampler.py; tests/components/test_sampler.py
 # checks that they agree): the Cephes exp2f polynomial, each coefficient exactly an fp32.
-C0: tl.constexpr = 0.00015353361959569156
-C1: tl.constexpr = 0.0013398873852565885
-C2: tl.constexpr = 0.00961843691766262
-C3: tl.constexpr = 0.055503323674201965
-C4: tl.constexpr = 0.24022647738456726
-C5: tl.constexpr = 0.6931471824645996
-T_FLOOR: tl.constexpr = -43.5
-LN2: tl.constexpr = 0.6931471805599453
+C0 = tl.constexpr(0.00015353361959569156)
+C1 = tl.constexpr(0.0013398873852565885)
+C2 = tl.constexpr(0.00961843691766262)
+C3 = tl.constexpr(0.055503323674201965)
+C4 = tl.constexpr(0.24022647738456726)
+C5 = tl.constexpr(0.6931471824645996)
+T_FLOOR = tl.constexpr(-43.5)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit

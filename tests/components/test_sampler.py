@@ -122,8 +122,9 @@ def test_the_draw_is_keyed_by_seed_and_step_and_never_by_the_slot():
 
 @pytest.mark.cpu
 def test_the_kernel_uses_the_reference_constants():
-    assert (kernels.C0, kernels.C1, kernels.C2, kernels.C3, kernels.C4, kernels.C5) == ref.EXP2_POLY
-    assert kernels.T_FLOOR == ref.T_FLOOR and kernels.LN2 == ref.LN2
+    poly = (kernels.C0, kernels.C1, kernels.C2, kernels.C3, kernels.C4, kernels.C5)
+    assert tuple(c.value for c in poly) == ref.EXP2_POLY
+    assert kernels.T_FLOOR.value == ref.T_FLOOR and kernels.LN2.value == ref.LN2
     assert all(float(np.float32(c)) == c for c in ref.EXP2_POLY)  # exact fp32 values
 
 
@@ -309,3 +310,46 @@ def test_fast_tokens_are_the_reference_tokens_and_in_range(batch):
     assert torch.equal(tokens, r_tok)
     assert bool(((tokens >= 0) & (tokens < vocab)).all())
     assert compare_tolerance(r_lp, logprob, ref.tolerance_bound(**kwargs)[1]).within
+
+
+# --- the GPU build (compiled ahead of time: no GPU needed) ----------------------------------------
+
+_AOT = """
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from batchinv.fast.kernels.sampler import sampler_kernel
+from batchinv.fast.sampler import sampler_config
+block, npiv, warps = sampler_config("sm90", 151936)
+sig = {"logits_ptr": "*bf16", "temperature_ptr": "*fp32", "k_ptr": "*fp32", "top_k_ptr": "*i64",
+       "top_p_ptr": "*fp32", "seeds_ptr": "*i64", "step_ptr": "*i64", "tokens_ptr": "*i64",
+       "logprob_ptr": "*fp32", "V": "i32", "stride_r": "i64", "stride_v": "i64",
+       "BLOCK": "constexpr", "NPIV": "constexpr"}
+out = {}
+for fusion in (False, True):
+    src = ASTSource(sampler_kernel, sig, constexprs={"BLOCK": block, "NPIV": npiv})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps, "enable_fp_fusion": fusion})
+    out[str(fusion)] = len(re.findall(r"\\bfma\\.[a-z]+\\.f32", k.asm["ptx"]))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.cpu
+def test_the_kernel_builds_for_sm90_without_fused_multiply_adds(tmp_path):
+    """The kernel compiles for an H200 (sm90, ahead of time, no GPU needed), and launched as the
+    launcher launches it (``enable_fp_fusion=False``) its PTX has no fp32 FMA -- with fusion on
+    the pinned Horner steps would contract into FMAs, as the second build shows."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert counts["False"] == 0 and counts["True"] > 0, counts
+    assert "enable_fp_fusion=False" in inspect.getsource(launcher.sampler)
