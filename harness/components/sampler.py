@@ -411,6 +411,7 @@ COMPONENT = Component(
                 "streams, so where the sort's order is the row's own (CPU) no invariance check need see it"
             ),
             expected_to_vary_on=frozenset(),
+            timed=False,
         ),
     ),
     cases=cases,

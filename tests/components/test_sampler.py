@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import batchinv.fast.kernels.sampler as kernels
 from batchinv.fast import sampler as launcher
@@ -30,8 +31,8 @@ from batchinv.reference import sampler as ref
 CPU = torch.device("cpu")
 
 
-def requests(logits, temperature=1.0, top_k=0, top_p=1.0, seeds=None, step=None):
-    """Per-request parameter vectors for ``logits [R, V]`` (scalars broadcast)."""
+def requests(logits, temperature=1.0, top_k=0, top_p=1.0, seeds=None, step=None, device=CPU):
+    """Per-request parameter vectors for ``logits [R, V]`` (scalars broadcast), on ``device``."""
     logits = torch.as_tensor(logits, dtype=torch.float32)
     r = logits.shape[0]
 
@@ -39,7 +40,7 @@ def requests(logits, temperature=1.0, top_k=0, top_p=1.0, seeds=None, step=None)
         t = torch.as_tensor(v, dtype=dtype)
         return t.expand(r).clone() if t.dim() == 0 else t
 
-    return {
+    args = {
         "logits": logits,
         "temperature": vec(temperature, torch.float32),
         "top_k": vec(top_k, torch.int64),
@@ -47,6 +48,7 @@ def requests(logits, temperature=1.0, top_k=0, top_p=1.0, seeds=None, step=None)
         "seeds": vec(torch.arange(r) * 7919 + 1 if seeds is None else seeds, torch.int64),
         "step": vec(torch.zeros(r) if step is None else step, torch.int64),
     }
+    return {k: v.to(device) for k, v in args.items()}
 
 
 # --- the RNG -----------------------------------------------------------------------------------
@@ -104,15 +106,16 @@ def test_tritons_philox_is_random123s_with_the_seed_split_into_the_key(counter, 
 
 
 @pytest.mark.cpu
-def test_the_draw_is_keyed_by_seed_and_step_and_never_by_the_slot():
+@pytest.mark.gpu
+def test_the_draw_is_keyed_by_seed_and_step_and_never_by_the_slot(device):
     """The same request twice in one launch (slots 0 and 3) draws the same token; its other
     steps draw other tokens of a flat row (the stream advances with the step)."""
     flat = torch.zeros(6, 64)
-    args = requests(flat, seeds=[5, 9, 11, 5, 5, 5], step=[3, 3, 3, 3, 4, 5])
+    args = requests(flat, seeds=[5, 9, 11, 5, 5, 5], step=[3, 3, 3, 3, 4, 5], device=device)
     tokens, logprob = launcher.sampler(**args)
     assert tokens[0] == tokens[3]
     assert len({int(tokens[0]), int(tokens[4]), int(tokens[5])}) > 1
-    assert torch.allclose(logprob.double(), torch.full((6,), -math.log(64), dtype=torch.float64))
+    assert torch.allclose(logprob.double().cpu(), torch.full((6,), -math.log(64), dtype=torch.float64))
     expected = component.oracle(**args)[0]
     assert torch.equal(tokens, expected)
 
@@ -159,8 +162,9 @@ def test_an_fp32_operation_done_in_fp64_and_rounded_is_the_ieee_fp32_result():
 
 
 @pytest.mark.cpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("impl", [launcher.sampler, ref.sampler], ids=["fast", "reference"])
-def test_the_rules_written_out(impl):
+def test_the_rules_written_out(impl, device):
     inf, nan = math.inf, math.nan
     rows = torch.tensor(
         [
@@ -179,6 +183,7 @@ def test_the_rules_written_out(impl):
         temperature=[0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.5],
         top_k=[0, 0, 0, 0, 1, 0, 0, 3],
         top_p=[1.0, 1.0, 1.0, 1.0, 1.0, 1e-6, 0.5, 1.0],
+        device=device,
     )
     tokens, logprob = impl(**args)
     lp = logprob.double()
@@ -194,11 +199,14 @@ def test_the_rules_written_out(impl):
 
 
 @pytest.mark.cpu
-def test_a_tie_plateau_at_the_cut_keeps_the_lower_ids_and_every_kept_id_is_drawn():
+@pytest.mark.gpu
+def test_a_tie_plateau_at_the_cut_keeps_the_lower_ids_and_every_kept_id_is_drawn(device):
     """12 draws of a 6-token plateau cut to 3 by top_k, and to 2 by top_p = 0.3: only ids 0..2
     (0..1) appear, each of them at least once (the oracle agrees token for token)."""
     rows = torch.full((24, 6), 1.5)
-    args = requests(rows, top_k=[3] * 12 + [0] * 12, top_p=[1.0] * 12 + [0.3] * 12, step=torch.arange(24))
+    args = requests(
+        rows, top_k=[3] * 12 + [0] * 12, top_p=[1.0] * 12 + [0.3] * 12, step=torch.arange(24), device=device
+    )
     tokens, _ = launcher.sampler(**args)
     assert set(tokens[:12].tolist()) == {0, 1, 2}
     assert set(tokens[12:].tolist()) == {0, 1}
@@ -206,10 +214,14 @@ def test_a_tie_plateau_at_the_cut_keeps_the_lower_ids_and_every_kept_id_is_drawn
 
 
 @pytest.mark.cpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("impl", [launcher.sampler, ref.sampler], ids=["fast", "reference"])
-def test_one_token_vocabulary(impl):
+def test_one_token_vocabulary(impl, device):
     args = requests(
-        torch.tensor([[3.0], [math.nan], [-math.inf]]), temperature=[0.0, 1.0, 2.0], top_k=[0, 1, 0]
+        torch.tensor([[3.0], [math.nan], [-math.inf]]),
+        temperature=[0.0, 1.0, 2.0],
+        top_k=[0, 1, 0],
+        device=device,
     )
     tokens, logprob = impl(**args)
     assert tokens.tolist() == [0, 0, 0] and logprob.abs().max() < 1e-6
@@ -249,8 +261,9 @@ def test_the_launch_config_is_keyed_on_the_vocabulary_alone():
 
 
 @pytest.mark.cpu
-def test_a_strided_logits_view_reads_only_its_elements():
-    batch = component.build(component.make_case(3, 40, "bfloat16", "normal,special", "all", 5), CPU)
+@pytest.mark.gpu
+def test_a_strided_logits_view_reads_only_its_elements(device):
+    batch = component.build(component.make_case(3, 40, "bfloat16", "normal,special", "all", 5), device)
     moved = component.relocate(batch, torch.Generator())
     assert moved.rows["logits"].stride() != batch.rows["logits"].stride()
     a, b = launcher.sampler(**batch.kwargs()), launcher.sampler(**moved.kwargs())
@@ -286,11 +299,12 @@ def test_the_bound_catches_a_bf16_probability():
 
 
 @pytest.mark.cpu
-def test_sort_ties_breaks_the_tie_rule():
+@pytest.mark.gpu
+def test_sort_ties_breaks_the_tie_rule(device):
     """The tie baseline is invariant on the CPU (its sort's order is the row's own) but keeps
     the tied tokens torch.sort puts last, not the lower ids: on an 8-token plateau cut in half
     by top_p some draw falls outside ids 0..3, which the rule keeps."""
-    args = requests(torch.full((16, 8), 2.0), top_p=0.5, step=torch.arange(16))
+    args = requests(torch.full((16, 8), 2.0), top_p=0.5, step=torch.arange(16), device=device)
     ref_tokens = ref.sampler(**args)[0]
     assert set(ref_tokens.tolist()) <= {0, 1, 2, 3}
     assert not set(sort_ties(**args)[0].tolist()) <= {0, 1, 2, 3}
@@ -300,10 +314,11 @@ def test_sort_ties_breaks_the_tie_rule():
 
 
 @pytest.mark.cpu
+@pytest.mark.gpu
 @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(batch=component.strategy(Lane.CPU, CPU))
-def test_fast_tokens_are_the_reference_tokens_and_in_range(batch):
-    kwargs = batch.kwargs()
+@given(data=st.data())
+def test_fast_tokens_are_the_reference_tokens_and_in_range(data, lane, device):
+    kwargs = data.draw(component.strategy(lane, device)).kwargs()
     tokens, logprob = launcher.sampler(**kwargs)
     r_tok, r_lp = ref.sampler(**kwargs)
     vocab = kwargs["logits"].shape[1]
