@@ -61,6 +61,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "w4a16_nvfp4",
     "prefill_attention",
     "sdpa_attention",
+    "sampler",
 )
 
 #: The default batch-size sweep (docs/DESIGN.md, "Sweep axes"); GPU lanes add 4096.

@@ -638,3 +638,25 @@ LIFECYCLE_MUTANTS: tuple[Mutant, ...] = (
         replaces="lifecycle",
     ),
 )
+
+# --- sampler (issue 27, section 4) -------------------------------------------------------------
+
+from . import sampler as sampler_mutants  # noqa: E402
+
+MUTANTS = (
+    *MUTANTS,
+    Mutant(
+        "sampler_rng_keyed_by_slot",
+        "sampler",
+        sampler_mutants.sampler_rng_keyed_by_slot,
+        "the Philox counter takes the row's slot in the launch: a request's draw moves with its slot",
+        ("co_batch", "slot"),
+    ),
+    Mutant(
+        "sampler_step_dropped_from_the_counter",
+        "sampler",
+        sampler_mutants.sampler_step_dropped_from_the_counter,
+        "the step is dropped from the counter's low word: the draw is not the (seed, step) stream",
+        ("agreement",),
+    ),
+)
