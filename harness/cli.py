@@ -499,8 +499,17 @@ def _latest_report(folder: Path = Path("reports")) -> Path:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Render a JSON-lines report (a sweep's or a pytest run's) as one self-contained HTML page."""
+    import importlib.util
+
     from batchinv.harness.html_report import ReportError, write
 
+    if importlib.util.find_spec("matplotlib") is None:
+        print(
+            "batchinv report draws its plots with matplotlib, which is not installed: "
+            "pip install 'batchinv[report]' (or matplotlib)",
+            file=sys.stderr,
+        )
+        return 3
     path = Path(args.jsonl) if args.jsonl else _latest_report()
     if not path.is_file():
         raise UsageError(f"report: expected a JSON-lines report file, got {str(path)!r} (no such file)")

@@ -98,7 +98,12 @@ def test_junit_carries_each_registry_tests_properties_under_xdist(run):
         assert props["lane"] == "cpu" and props["component"] == "mean"
         assert props["repro"].startswith("batchinv repro mean --check " + props["check"])
     fast = _props(cases[f"test_fast[mean-agreement-{CASE}]"])
-    assert (fast["subject"], fast["check"], fast["status"], fast["case"]) == ("fast", "agreement", "pass", CASE)
+    assert (fast["subject"], fast["check"], fast["status"], fast["case"]) == (
+        "fast",
+        "agreement",
+        "pass",
+        CASE,
+    )
     failing = _props(cases[f"test_heuristic[batch_prefix-{CASE}]"])
     assert failing["status"] == "fail" and int(failing["rows_differing"]) > 0
     assert float(failing["worst_ulp"]) > 0

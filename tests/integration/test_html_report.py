@@ -101,9 +101,7 @@ def test_the_passing_page_shows_the_controls_and_no_failure(reports):
     detected = [c for c in summary["controls"] if c["verdict"] == "detected"]
     assert detected
     for c in detected:  # each detection names the check that caught it
-        row = next(
-            r for r in _rows(jsonl) if r["subject"] == c["baseline"] and r["status"] == "fail"
-        )
+        row = next(r for r in _rows(jsonl) if r["subject"] == c["baseline"] and r["status"] == "fail")
         assert f"{c['component']}/{c['baseline']}: detected by {row['check']}" in text
     header = next(r for r in read_report(jsonl) if r.get("kind") == "header")
     for key in ("lane", "device", "torch", "triton", "date"):
@@ -160,15 +158,15 @@ def open_page(api, chromium: str, page_path: Path, screenshot: Path) -> dict:
             )
             try:
                 page = context.new_page()
-                page.on(
-                    "console", lambda m: seen["console"].append(m.text) if m.type == "error" else None
-                )
+                page.on("console", lambda m: seen["console"].append(m.text) if m.type == "error" else None)
                 page.on("pageerror", lambda e: seen["pageerror"].append(str(e)))
                 page.on(
                     "request",
-                    lambda r: None
-                    if r.url.startswith(("file:", "data:", "about:"))
-                    else seen["requests"].append(r.url),
+                    lambda r: (
+                        None
+                        if r.url.startswith(("file:", "data:", "about:"))
+                        else seen["requests"].append(r.url)
+                    ),
                 )
                 page.goto(page_path.as_uri(), wait_until="load")
                 seen["ready"] = page.get_attribute("html", "data-ready")
