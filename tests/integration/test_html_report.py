@@ -51,11 +51,8 @@ def reports(tmp_path_factory):
     out = {}
     for name, extra in (("pass", []), ("fail", ["--subject", HEURISTIC])):
         jsonl = folder / f"{name}.jsonl"
-        code = main(
-            ["sweep", "mean", "--lane", "cpu", "--jobs", "1", "--no-progress", "--max-m", "4"]
-            + extra
-            + ["--report", str(jsonl)]
-        )
+        args = ["sweep", "mean", "--lane", "cpu", "--jobs", "1", "--no-progress", "--max-m", "4"]
+        code = main([*args, *extra, "--report", str(jsonl)])
         assert code == (0 if name == "pass" else 1)
         html_path = folder / f"{name}.html"
         assert main(["report", str(jsonl), "--bench", str(BENCH), "-o", str(html_path)]) == 0
