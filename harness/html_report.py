@@ -52,7 +52,8 @@ class Report:
 
 
 def load(path: Path, bench: Path | None = None) -> Report:
-    """Read ``path`` (and the bench report ``bench``) into a :class:`Report`.
+    """Read ``path`` (and the bench report ``bench``) into a :class:`Report`; a ``.gz`` path
+    is read decompressed.
 
     Raises:
         ReportError: ``path`` holds no header nor check row (not a batchinv report), or
@@ -61,8 +62,19 @@ def load(path: Path, bench: Path | None = None) -> Report:
     from batchinv.harness.report import read_report
 
     try:
-        records = read_report(path)
-    except (OSError, UnicodeDecodeError) as exc:
+        if path.suffix == ".gz":  # a committed device run's report (docs/device-runs/)
+            import gzip
+
+            lines = gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
+            records = []
+            for line in lines:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:  # a truncated last line, as read_report
+                    break
+        else:
+            records = read_report(path)
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
         raise ReportError(f"report: cannot read {str(path)!r} ({exc})") from None
     header = next((r for r in records if isinstance(r, dict) and r.get("kind") == "header"), None)
     rows = [r for r in records if isinstance(r, dict) and r.get("kind") == "check"]

@@ -106,6 +106,15 @@ def test_the_passing_page_shows_the_controls_and_no_failure(reports):
     assert "flush-to-zero probe" in text and "git revision" in text
 
 
+def test_a_committed_gpu_report_renders_gzipped(tmp_path):
+    """A report the harness wrote on the H200 (sdpa_attention's controls detected), read as .gz."""
+    committed = ROOT / "docs/device-runs/2026-12-02-h200-sm90/run46/sweep.jsonl.gz"
+    page = tmp_path / "run46.html"
+    assert main(["report", str(committed), "-o", str(page)]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert "NVIDIA H200" in text and "sm90" in text and "torch_sdpa</td>" in text
+
+
 def test_report_refuses_what_is_not_a_report(tmp_path, capsys):
     stray = tmp_path / "notes.jsonl"
     stray.write_text('{"hello": 1}\n')
