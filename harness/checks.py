@@ -106,8 +106,9 @@ class CheckResult:
     #: an outside subject's import path (``pkg.mod:attr``; "" for ours and in-process callables)
     subject_target: str = ""
     m_cut: bool = False  # --max-m removed an M value this case could have run
-    #: an invariance check's sweep points, for the HTML report's heatmap
-    #: (:attr:`invariance.DriverResult.points`: label, row ids compared and differing)
+    #: a failing invariance check's sweep points, for the HTML report's heatmap
+    #: (:attr:`invariance.DriverResult.points`: label, row ids compared and differing; empty
+    #: on a pass, to keep the report small)
     points: list[dict[str, Any]] = field(default_factory=list)
     #: the first differing element with both sides' bits in hex and values
     #: (:attr:`invariance.DriverResult.first`; exact agreement: expected is the reference)
@@ -419,7 +420,7 @@ def _record(outcome: invariance.DriverResult, run: _Run) -> None:
     result.worst_ulp = outcome.worst_ulp
     result.where = outcome.where
     result.first_difference = outcome.first_difference
-    result.points = outcome.points
+    result.points = [] if outcome.passed else outcome.points  # the heatmap of a failure only
     result.first = outcome.first
     result.detail = outcome.detail
     run.launches.mark(result)

@@ -25,7 +25,8 @@ from batchinv.harness.cli import main
 from batchinv.harness.plugin import PROPERTIES
 from batchinv.harness.report import read_report
 
-pytestmark = [pytest.mark.cpu, needs_cpu_lane_child]
+# one worker under --dist loadgroup: the module fixture (a pytest child) runs once
+pytestmark = [pytest.mark.cpu, needs_cpu_lane_child, pytest.mark.xdist_group("pytest_report")]
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE = "shape=40x1000-dtype=float32-values=normal-layout=contiguous-keepdim=False-out_dtype=None-seed=1"

@@ -26,7 +26,8 @@ from batchinv.harness.cli import main
 from batchinv.harness.html_report import heatmap_matrix
 from batchinv.harness.report import read_report
 
-pytestmark = pytest.mark.cpu
+# one worker under --dist loadgroup: the module fixture (two sweeps) runs once
+pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("html_report")]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A bench report the harness wrote on the H200 (docs/DEVICE_RUNS.md, run 41).
