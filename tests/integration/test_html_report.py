@@ -78,6 +78,19 @@ def test_the_failing_page_shows_the_failure_the_rows_record(reports):
     ids, cells = heatmap_matrix(r["points"])
     assert any(2 in row for row in cells) and any(1 in row for row in cells)
     assert r["first"]["row"] in ids
+    # the heatmap's M=1 column against the bits computed here: row 0 alone vs in the whole case
+    import torch
+
+    from batchinv.fast.baselines.mean import triton_rows_heuristic_mean
+    from batchinv.harness.registry import Case, get
+
+    batch = get("mean").build(Case("mean", r["axes"], r["seed"]), torch.device("cpu"))
+    whole = triton_rows_heuristic_mean(**batch.kwargs())
+    alone = triton_rows_heuristic_mean(**batch.take(slice(0, 1)).kwargs())
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[whole.element_size()]
+    changed = not torch.equal(whole[:1].contiguous().view(bits), alone.contiguous().view(bits))
+    m1 = next(p for p in r["points"] if p["label"] == "M=1")
+    assert (0 in m1["differing"]) == changed and m1["compared"] == [[0, 1]]
     assert 'id="verdict">FAILED' in text
     assert r["first"]["expected_bits"] in text and r["first"]["actual_bits"] in text
     # every matrix cell links to an anchor the page has; the failing cell is coloured so
