@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from batchinv.harness.cli import main
-from batchinv.harness.html_report import heatmap_matrix
 from batchinv.harness.report import read_report
+from batchinv.harness.report_plots import heatmap_matrix
 
 # one worker under --dist loadgroup: the module fixture (two sweeps) runs once
 pytestmark = [pytest.mark.cpu, pytest.mark.xdist_group("html_report")]
