@@ -16,7 +16,11 @@ TRITON_SPEC ?= triton==3.6.0 numpy<2.4
 PYTEST_ARGS ?= -n auto --dist loadgroup
 SWEEP_ARGS ?=
 
-.PHONY: sweep test lint bench clean
+# `make report`: the newest reports/sweep-*.jsonl (what `make sweep` writes) as one HTML page beside
+# it; REPORT_ARGS=PATH.jsonl picks another, REPORT_ARGS="--bench PREFIX.json" adds a bench report.
+REPORT_ARGS ?=
+
+.PHONY: sweep test lint bench report clean
 
 ifeq ($(PY),.venv/bin/python)
 STAMP := .venv/.installed
@@ -46,6 +50,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m batchinv.harness.cli bench
+
+report: $(STAMP)
+	$(PY) -m batchinv.harness.cli report $(REPORT_ARGS)
 
 clean:
 	rm -rf .venv .stamp-* build *.egg-info

@@ -106,6 +106,13 @@ class CheckResult:
     #: an outside subject's import path (``pkg.mod:attr``; "" for ours and in-process callables)
     subject_target: str = ""
     m_cut: bool = False  # --max-m removed an M value this case could have run
+    #: a failing invariance check's sweep points, for the HTML report's heatmap
+    #: (:attr:`invariance.DriverResult.points`: label, row ids compared and differing; empty
+    #: on a pass, to keep the report small)
+    points: list[dict[str, Any]] = field(default_factory=list)
+    #: the first differing element with both sides' bits in hex and values
+    #: (:attr:`invariance.DriverResult.first`; exact agreement: expected is the reference)
+    first: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         """One line of strict JSON (non-finite figures as the strings "inf", "-inf", "nan")."""
@@ -413,6 +420,8 @@ def _record(outcome: invariance.DriverResult, run: _Run) -> None:
     result.worst_ulp = outcome.worst_ulp
     result.where = outcome.where
     result.first_difference = outcome.first_difference
+    result.points = [] if outcome.passed else outcome.points  # the heatmap of a failure only
+    result.first = outcome.first
     result.detail = outcome.detail
     run.launches.mark(result)
 
@@ -767,6 +776,18 @@ def _agreement(component: Component, batch: Batch, fast_out: Outputs, result: Ch
         result.worst_ulp = max(ulps) if ulps else (0.0 if not bad else None)
         result.detail = str(bad[0]) if bad else "bitwise equal to the reference"
         result.first_difference = bad[0].first.where if bad and bad[0].first else ""
+        if bad and bad[0].first is not None:
+            d = bad[0].first
+            result.first = {
+                "point": "fast vs the reference",
+                "output": next(i for i, r in enumerate(reports) if r is bad[0]),
+                "row": d.row,
+                "col": d.col,
+                "expected_bits": d.expected_bits,
+                "actual_bits": d.actual_bits,
+                "expected_value": d.expected_value,
+                "actual_value": d.actual_value,
+            }
         return
     if agreement.out_dtypes is not None:
         wanted = agreement.out_dtypes(batch)
@@ -902,9 +923,15 @@ def control_results(
 
 
 def negative_control(
-    component: Component, baseline: SubjectLike, lane: Lane, *, m_limit: int | None = None
+    component: Component,
+    baseline: SubjectLike,
+    lane: Lane,
+    *,
+    m_limit: int | None = None,
+    on_result: Callable[[CheckResult], None] | None = None,
 ) -> list[CheckResult]:
-    """Run the negative control of ``baseline`` and raise on what it finds.
+    """Run the negative control of ``baseline`` and raise on what it finds (``on_result`` sees
+    each row first: the pytest plugin's report, :func:`batchinv.harness.plugin.record`).
 
     Raises:
         VarianceDetected: a check found different bits (the expected outcome for an unpinned
@@ -918,6 +945,8 @@ def negative_control(
     label = subject_name(baseline)
     for r in control_results(component, baseline, lane, m_limit=m_limit):
         results.append(r)
+        if on_result is not None:
+            on_result(r)
         if r.status in ("error", TIMEOUT):
             raise BaselineCrashed(
                 f"{component.name}/{label} crashed in {r.check} [{r.case}]: {r.detail}\n  repro: {r.repro}"
@@ -965,6 +994,9 @@ def run_checks(
                 "worst_abs",
                 "worst_rel",
                 "where",
+                "first_difference",
+                "points",
+                "first",
                 "detail",
                 "seconds",
             ):

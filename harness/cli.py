@@ -1,4 +1,4 @@
-"""The ``batchinv`` command: ``sweep``, ``list``, ``repro``, ``bench``, ``audit``.
+"""The ``batchinv`` command: ``sweep``, ``list``, ``repro``, ``bench``, ``audit``, ``report``.
 
 The lane is entered (``TRITON_INTERPRET=1`` on the cpu lane) before any component module, and
 so triton, is imported.
@@ -486,6 +486,48 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return audit_main(["--lane", lane.value, *args.rest])
 
 
+def _latest_report(folder: Path = Path("reports")) -> Path:
+    """The newest ``sweep-*.jsonl`` in ``folder`` (where ``batchinv sweep`` writes by default)."""
+    found = sorted(folder.glob("sweep-*.jsonl"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    if not found:
+        raise UsageError(
+            f"report: no report given and no {folder}/sweep-*.jsonl to take (run `batchinv sweep` "
+            "first, or name a JSON-lines report)"
+        )
+    return found[-1]
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Render a JSON-lines report (a sweep's or a pytest run's) as one self-contained HTML page."""
+    import importlib.util
+
+    from batchinv.harness.html_report import ReportError, write
+
+    if importlib.util.find_spec("matplotlib") is None:
+        print(
+            "batchinv report draws its plots with matplotlib, which is not installed: "
+            "pip install 'batchinv[report]' (or matplotlib)",
+            file=sys.stderr,
+        )
+        return 3
+    path = Path(args.jsonl) if args.jsonl else _latest_report()
+    if not path.is_file():
+        raise UsageError(f"report: expected a JSON-lines report file, got {str(path)!r} (no such file)")
+    bench = Path(args.bench) if args.bench else None
+    if bench is not None and not bench.is_file():
+        raise UsageError(f"--bench: expected a bench report (.json) file, got {str(bench)!r} (no such file)")
+    try:
+        out = write(path, Path(args.out) if args.out else None, bench)
+    except ReportError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(
+            f"--out: cannot write {args.out or path.with_suffix('.html')!s} ({exc.strerror or exc})"
+        ) from None
+    print(f"report: {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="batchinv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -569,6 +611,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=_positive_int, default=50, help="timed graph replays per point (median)")
     add_lane(p)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser(
+        "report", help="render a JSON-lines report (sweep or pytest --batchinv-report) as one HTML page"
+    )
+    p.add_argument(
+        "jsonl", nargs="?", help="the JSON-lines report (default: the newest reports/sweep-*.jsonl)"
+    )
+    p.add_argument("--bench", help="a bench report to add (the .json of `batchinv bench --out PREFIX`)")
+    p.add_argument("-o", "--out", help="the HTML file to write (default: the report's path with .html)")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("audit", help="audit library pins (target: cublas)")
     p.add_argument("target")

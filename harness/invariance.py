@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -28,6 +29,12 @@ from batchinv.harness.phases import PhaseModel, Piece
 from batchinv.harness.registry import CO_BATCH_SIZES, Batch, Outputs, PaddingModel, RequestModel, as_outputs
 
 Impl = Callable[[Batch], Outputs]
+
+#: The sweep points a :class:`DriverResult` keeps for the report (:attr:`DriverResult.points`),
+#: and the differing row ids it keeps per point: enough for the HTML report's heatmap, bounded
+#: so that a GPU sweep's report stays small.
+MAX_POINTS = 96
+MAX_POINT_ROWS = 256
 
 
 class ContractViolation(Exception):
@@ -72,6 +79,17 @@ class DriverResult:
         where: the sweep points that failed, e.g. ``["M=7", "M=15"]``.
         detail: the first failing comparison's report.
         first_difference: the first failing sweep point and its first differing (row, col).
+        points: each sweep point compared, in order (at most :data:`MAX_POINTS`): ``label``,
+            ``compared`` (the row ids compared, as ``[start, stop)`` runs), ``differing`` (the
+            row ids whose bits differed there, at most :data:`MAX_POINT_ROWS`) and
+            ``rows_differing`` (their count): the report's heatmap of rows against M,
+            co-batch size, offset...
+        first: the first differing element: ``point`` (its sweep point), ``output`` (index),
+            ``row`` (the row id), ``col`` (flat column within the row), ``expected_bits`` /
+            ``actual_bits`` (hex) and ``expected_value`` / ``actual_value`` (``repr``) of the
+            two launches compared (expected: the reference launch of the check, e.g. the
+            largest M or the request alone); None without one (no difference, or a dtype or
+            shape mismatch).
     """
 
     passed: bool = True
@@ -83,6 +101,8 @@ class DriverResult:
     first_difference: str = ""
     comparisons: int = 0
     vacuous: str = "the case has no rows"
+    points: list[dict[str, Any]] = field(default_factory=list)
+    first: dict[str, Any] | None = None
     _rows: set[int] = field(default_factory=set, repr=False)
 
     def record(
@@ -100,15 +120,29 @@ class DriverResult:
         is reported ``skip``, never ``pass``."""
         if meaningful and any(r.rows_total for r in reports):
             self.comparisons += 1
-        self.rows_total = max(self.rows_total, max((r.rows_total for r in reports), default=0))
+        rows_here = max((r.rows_total for r in reports), default=0)
+        self.rows_total = max(self.rows_total, rows_here)
         bad = [r for r in reports if not r.equal]
+        differing: set[int] = set()
+        for r in bad:
+            rows = r.differing_rows or list(range(r.rows_differing))
+            differing.update(row_ids[i] if row_ids is not None else i for i in rows)
+        if len(self.points) < MAX_POINTS:
+            compared = list(row_ids) if row_ids is not None else list(range(rows_here))
+            self.points.append(
+                {
+                    "label": label,
+                    "compared": _runs(compared),
+                    "differing": sorted(differing)[:MAX_POINT_ROWS],
+                    "rows_differing": len(differing),
+                }
+            )
         if not bad:
             return
         self.passed = False
         self.where.append(label)
+        self._rows.update(differing)
         for r in bad:
-            rows = r.differing_rows or list(range(r.rows_differing))
-            self._rows.update(row_ids[i] if row_ids is not None else i for i in rows)
             if r.worst_ulp is not None:
                 self.worst_ulp = max(self.worst_ulp or 0.0, r.worst_ulp)
         self.rows_differing = len(self._rows)
@@ -118,6 +152,27 @@ class DriverResult:
             if first is not None:
                 row = row_ids[first.row] if row_ids is not None else first.row
                 self.first_difference = f"{label}: (row {row}, col {first.col})"
+                self.first = {
+                    "point": label,
+                    "output": next(i for i, r in enumerate(reports) if r is bad[0]),
+                    "row": row,
+                    "col": first.col,
+                    "expected_bits": first.expected_bits,
+                    "actual_bits": first.actual_bits,
+                    "expected_value": first.expected_value,
+                    "actual_value": first.actual_value,
+                }
+
+
+def _runs(ids: Sequence[int]) -> list[list[int]]:
+    """Sorted distinct ``ids`` as ``[start, stop)`` runs of consecutive integers."""
+    runs: list[list[int]] = []
+    for i in sorted(set(ids)):
+        if runs and runs[-1][1] == i:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    return runs
 
 
 def compare_outputs(expected: Outputs, actual: Outputs) -> list[BitwiseReport]:
@@ -557,6 +612,8 @@ def phase(fn: Impl, batch: Batch, model: PhaseModel, targets: Sequence[int], see
                     result.first_difference = (
                         f"request {piece.request}, position {pos}: {plan.base_phase} vs {piece.phase}"
                     )
+                    if result.first is not None:
+                        result.first.update(row=pos, request=piece.request)
     result.rows_total = len(compared)
     return result
 

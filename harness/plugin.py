@@ -8,8 +8,8 @@ report header.  A run opts in with any of
 * the ini key ``batchinv = true`` (``[tool.pytest.ini_options]``, ``pytest.ini``, ``tox.ini``,
   ``setup.cfg``, or ``-o batchinv=true``); this project sets it in its ``pyproject.toml``, and
   xdist workers read the same ini file;
-* ``--batchinv``, ``--lane LANE`` or ``--batchinv-run-slow`` on the command line (or in
-  ``addopts`` / ``PYTEST_ADDOPTS``).
+* ``--batchinv``, ``--lane LANE``, ``--batchinv-run-slow`` or ``--batchinv-report PATH`` on the
+  command line (or in ``addopts`` / ``PYTEST_ADDOPTS``).
 
 These signals are all known before any conftest or test module is imported, which is when the
 cpu lane has to be entered.  Markers are not a signal: their names (``slow``, ``gpu``, ``cpu``)
@@ -39,7 +39,18 @@ In a run that opts in, the plugin
 * loads a Hypothesis profile: ``ci`` (derandomized, no deadline) when ``CI`` is set, ``dev``
   (random, no deadline) otherwise, ``$BATCHINV_HYPOTHESIS_PROFILE`` to choose;
   ``--hypothesis-profile`` still wins;
-* prints the lane in the report header.
+* prints the lane in the report header;
+* records, on every registry test (the check rows it hands to :func:`record`: this project's
+  ``tests/components/test_components.py`` and :mod:`batchinv.harness.testing`'s
+  ``assert_subject`` / ``assert_varies``), the ``user_properties`` component, subject, check,
+  case, lane, status, worst_ulp, bound_ratio, rows_differing, repro and checks (of its deciding
+  row: the first that failed, crashed or timed out, else the last), so ``--junitxml`` carries
+  them, under xdist too (item properties travel with each test's report; suite properties do
+  not, pytest #2770 and #7767);
+* with ``--batchinv-report PATH``, writes those rows as the JSON-lines report ``batchinv sweep
+  --report`` writes (a header, one ``check`` row each with the test's node id in ``test``, a
+  summary), for ``batchinv report PATH`` to render: each process appends to its own file in
+  ``PATH.parts/`` and the controller merges them into ``PATH`` when the session ends.
 
 Options are registered in every run, so their names must not collide with another project's
 conftest (argparse refuses a second ``--run-slow``, a name many conftests add): hence
@@ -50,12 +61,17 @@ name; a project whose conftest adds its own ``--lane`` cannot run with batchinv 
 from __future__ import annotations
 
 import os
-from typing import Any
+import time
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
 import pytest
 
 from batchinv.fast.versions import UnsupportedVersionError, check_versions
 from batchinv.harness.lanes import Lane, detect_lane, enter_lane, parse_lane
+
+if TYPE_CHECKING:
+    from batchinv.harness.checks import CheckResult
 
 LANE_MARKERS = ("cpu", "gpu", "sm90", "sm100")
 MARKERS = {
@@ -96,6 +112,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest="batchinv_run_slow",
         help="run tests marked slow; enables the plugin",
     )
+    group.addoption(
+        "--batchinv-report",
+        default=None,
+        dest="batchinv_report",
+        metavar="PATH",
+        help=(
+            "write the registry tests' check rows to PATH as a JSON-lines report (as `batchinv "
+            "sweep --report` does; `batchinv report PATH` renders it); enables the plugin"
+        ),
+    )
     parser.addini(
         INI_KEY,
         type="bool",
@@ -112,6 +138,7 @@ def opted_in(config: pytest.Config) -> bool:
         or getattr(ns, "batchinv", False)
         or getattr(ns, "batchinv_lane", None)
         or getattr(ns, "batchinv_run_slow", False)
+        or getattr(ns, "batchinv_report", None)
     )
 
 
@@ -171,6 +198,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     for name, doc in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
+    _start_report(config)
     _hypothesis_profiles()
     lane = current_lane()
     worker = os.environ.get("PYTEST_XDIST_WORKER")
@@ -203,6 +231,163 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
         from batchinv.harness.build_cache import release_device_memory
 
         release_device_memory()
+
+
+# --- user_properties and the JSON-lines report of a pytest run --------------------------------
+
+#: The user_properties a registry test records (:func:`record`), in this order.
+PROPERTIES = (
+    "component",
+    "subject",
+    "check",
+    "case",
+    "lane",
+    "status",
+    "worst_ulp",
+    "bound_ratio",
+    "rows_differing",
+    "repro",
+    "checks",
+)
+_ROWS = pytest.StashKey[list[Any]]()
+_CURRENT: pytest.Item | None = None
+
+
+class _Report:
+    """This process's share of ``--batchinv-report``: its part file, opened at its first row."""
+
+    def __init__(self, path: Path, part: str, controller: bool) -> None:
+        self.path = path
+        self.parts = path.with_name(path.name + ".parts")
+        self.part = self.parts / f"{part}.jsonl"
+        self.controller = controller
+        self.started = time.perf_counter()
+        self.header: dict[str, Any] = {}
+        self._fh: IO[str] | None = None
+
+    def row(self, result: CheckResult, nodeid: str) -> None:
+        from dataclasses import asdict
+
+        from batchinv.harness import strict_json
+
+        if self._fh is None:
+            self.parts.mkdir(parents=True, exist_ok=True)
+            self._fh = self.part.open("a", encoding="utf-8")
+        self._fh.write(strict_json.dumps({"kind": "check", **asdict(result), "test": nodeid}) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def merge(self, exitstatus: int) -> None:
+        """The controller's end: header, every process's rows (by part), summary, into ``path``."""
+        import json
+        import shutil
+
+        from batchinv.harness.report import JsonlReport
+
+        self.close()
+        count = 0
+        with JsonlReport(self.path) as out:
+            out.write("header", self.header)
+            for part in sorted(self.parts.glob("*.jsonl")) if self.parts.is_dir() else []:
+                for line in part.read_text(encoding="utf-8").splitlines():
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError:  # a worker killed mid-line
+                        continue
+                    out.write(row.pop("kind", "check"), row)
+                    count += 1
+            out.write(
+                "summary",
+                {
+                    "ok": int(exitstatus) == 0,
+                    "source": "pytest",
+                    "exitstatus": int(exitstatus),
+                    "rows": count,
+                    "wall_seconds": time.perf_counter() - self.started,
+                },
+            )
+        shutil.rmtree(self.parts, ignore_errors=True)
+
+
+_REPORT: _Report | None = None
+
+
+def _start_report(config: pytest.Config) -> None:
+    """Set up ``--batchinv-report`` in this process (the controller clears stale parts and makes
+    the header: the date and environment of the run's start)."""
+    global _REPORT
+    _REPORT = None
+    value = config.getoption("batchinv_report", None)
+    if not value:
+        return
+    path = Path(value)
+    if not path.is_absolute():
+        path = Path(str(config.invocation_params.dir)) / path
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    controller = not hasattr(config, "workerinput")
+    _REPORT = _Report(path, worker or "main", controller)
+    if controller:
+        import shutil
+
+        from batchinv.harness.report import environment
+
+        shutil.rmtree(_REPORT.parts, ignore_errors=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("", encoding="utf-8")
+        except OSError as exc:
+            raise pytest.UsageError(f"--batchinv-report: cannot write {str(path)!r} ({exc})") from None
+        _REPORT.header = {**environment(current_lane()), "source": "pytest"}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    report = _REPORT
+    if report is None:
+        return
+    if report.controller:
+        report.merge(exitstatus)
+    else:
+        report.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """Note the running test for :func:`record` (in a run that opted in)."""
+    global _CURRENT
+    _CURRENT = item if _enabled(item.config) else None
+    try:
+        return (yield)
+    finally:
+        _CURRENT = None
+
+
+def properties(result: CheckResult, checks: int = 1) -> list[tuple[str, Any]]:
+    """The user_properties of a registry test whose deciding row is ``result`` (None: "")."""
+    values = {f: getattr(result, f, None) for f in PROPERTIES}
+    values["checks"] = checks
+    return [(name, "" if values[name] is None else values[name]) for name in PROPERTIES]
+
+
+def record(*results: CheckResult) -> None:
+    """Record check rows on the running registry test: its ``user_properties`` (those of
+    :data:`PROPERTIES`, from the deciding row: the first that failed, crashed or timed out,
+    else the last; ``checks``: the rows recorded) and, with ``--batchinv-report``, the report's
+    rows.  Outside a test of a run that opted in, it does nothing."""
+    item = _CURRENT
+    if item is None or not results:
+        return
+    rows = item.stash.setdefault(_ROWS, [])
+    rows.extend(results)
+    deciding = next((r for r in rows if r.status in ("fail", "error", "timeout")), rows[-1])
+    kept = [(k, v) for k, v in item.user_properties if k not in PROPERTIES]
+    item.user_properties[:] = kept + properties(deciding, len(rows))
+    if _REPORT is not None:
+        for r in results:
+            _REPORT.row(r, item.nodeid)
 
 
 def worker_gpu(worker: str, gpu_count: int) -> int:

@@ -16,12 +16,41 @@ from batchinv.harness.checks import CheckResult
 from batchinv.harness.lanes import Lane
 
 
+def git_revision() -> str | None:
+    """The git revision of the batchinv source tree (``-dirty`` when it has uncommitted changes),
+    else ``$GITHUB_SHA`` (a CI checkout), else None (an installed wheel)."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if rev.returncode == 0 and rev.stdout.strip():
+            dirty = subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("GITHUB_SHA") or None
+
+
 def environment(lane: Lane) -> dict[str, Any]:
-    """Date, lane, device name, SM count, torch / triton / CUDA versions, flush-to-zero probe."""
+    """Date, lane, device name, SM count, torch / triton / CUDA versions, flush-to-zero probe,
+    the git revision (:func:`git_revision`)."""
     import torch
 
     info: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "git_revision": git_revision(),
         "lane": lane.value,
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -280,12 +280,17 @@ def assert_subject(
 
     Skips the test (``pytest.skip``) on a ``skip`` row (nothing to compare, or a case the
     subject cannot express); fails it (``pytest.fail``) on ``fail`` or ``error`` with the
-    detail and the repro line.
+    detail and the repro line.  The row is recorded first
+    (:func:`batchinv.harness.plugin.record`: the test's ``user_properties``, and its
+    ``--batchinv-report`` row).
     """
     import pytest
 
+    from batchinv.harness.plugin import record
+
     subject = as_subject(point.component, fn, name=name, adapter=adapter, role="fast")
     r = run_check(get(point.component), subject, point.check, point.case, point.lane, m_limit=point.m_limit)
+    record(r)  # the test's user_properties (--junitxml) and its --batchinv-report row
     if r.status == "skip":
         pytest.skip(r.detail)
     if r.status in ("fail", "error", TIMEOUT):
@@ -310,9 +315,12 @@ def assert_varies(
     (inconclusive) and :class:`~batchinv.harness.checks.BaselineCrashed` when a check crashed
     (an error, never a detection).
     """
+    from batchinv.harness.plugin import record
+
     report = check_subject(
         component, fn, lane=lane, name=name, adapter=adapter, role="baseline", m_limit=m_limit
     )
+    record(*report.results)  # the test's user_properties (--junitxml) and --batchinv-report rows
     for r in report.results:
         if r.status in ("error", TIMEOUT):
             raise BaselineCrashed(

@@ -18,7 +18,7 @@ import pytest
 from batchinv.harness.checks import FAST, negative_control, run_check
 from batchinv.harness.invariance import VarianceDetected
 from batchinv.harness.lanes import Lane
-from batchinv.harness.plugin import current_lane, lane_skip_reason
+from batchinv.harness.plugin import current_lane, lane_skip_reason, record
 from batchinv.harness.registry import Component, components
 from batchinv.harness.sweep import lane_names
 
@@ -55,6 +55,7 @@ def _fast_params():
 @pytest.mark.parametrize(("component", "check", "case"), list(_fast_params()))
 def test_fast(component, check, case):
     result = run_check(component, FAST, check, case, LANE)
+    record(result)  # user_properties for --junitxml, and the --batchinv-report row
     if result.status == "skip":  # e.g. batch_prefix or position on a one-row case: nothing to vary
         pytest.skip(result.detail)
     # "reference path": fast ran the reference here (outside its kernel's envelope), agreement
@@ -93,7 +94,7 @@ def test_negative_control(component, baseline):
     """Raises VarianceDetected at the first check that finds different bits on the baseline, as
     it must (a strict xfail that only VarianceDetected satisfies); a crash raises BaselineCrashed
     and fails the test; a baseline that never varies passes, which the strict xfail turns red."""
-    negative_control(component, baseline.name, LANE)
+    negative_control(component, baseline.name, LANE, on_result=record)
 
 
 def _error_params():
