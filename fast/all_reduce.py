@@ -20,6 +20,7 @@ in the message), not the ranks' arrival order, not the TP degree T (rank t holds
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -61,10 +62,9 @@ def all_reduce(partials: torch.Tensor, tp_degree: int | None = None) -> torch.Te
     """
     check_all_reduce_args(partials, tp_degree)
     check_launch_device("partials", partials)
-    if interpreting():  # the interpreter patches triton.language while it runs: one launch at a time
-        with _INTERPRETER_LOCK:
-            return leaf_order_sum(partials, None)
-    return leaf_order_sum(partials, None)
+    # the interpreter patches triton.language while it runs: one launch at a time
+    with _INTERPRETER_LOCK if interpreting() else contextlib.nullcontext():
+        return leaf_order_sum(partials, None)
 
 
 def _local_leaves(local: Any) -> torch.Tensor:

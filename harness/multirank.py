@@ -40,13 +40,6 @@ COLLECTIVE_TIMEOUT_S = 60
 SKEWS: tuple[tuple[float, ...], ...] = ((0.0,), (0.0, 0.09, 0.06, 0.03), (0.0, 0.03, 0.06, 0.09))
 
 
-def under_torchrun() -> bool:
-    """Whether this process is a rank started by ``torchrun`` (its environment is set)."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or all(
-        k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
-    )
-
-
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as s:
@@ -64,20 +57,29 @@ def skew(schedule: Sequence[float], rank: int) -> float:
 PREFIX_MS: tuple[int, ...] = (1, 2, 7)
 
 
-def all_reduce_cases(world: int) -> list[Any]:
+def all_reduce_cases(world: int, lane: Any = None) -> list[Any]:
     """The ``all_reduce`` cpu cases of :data:`MULTIRANK_SEEDS` whose leaves spread over ``world``
-    ranks (R % world == 0): the magnitudes case of 17 rows and 4 leaves, the rank-major 8 leaves."""
+    ranks (R % world == 0): the magnitudes case of 17 rows and 4 leaves, the rank-major 8 leaves;
+    on a GPU ``lane`` also the lane's large messages (NCCL picks its algorithm by size)."""
     from batchinv.harness.components import all_reduce as entry
     from batchinv.harness.lanes import Lane
 
-    return [
-        c for c in entry.cases(Lane.CPU) if c.seed in MULTIRANK_SEEDS and int(c.axes["R"]) % world == 0
-    ]
+    lane = Lane.CPU if lane is None else lane
+    seeds = MULTIRANK_SEEDS + (MULTIRANK_GPU_SEEDS if lane.is_gpu else ())
+    return [c for c in entry.cases(lane) if c.seed in seeds and int(c.axes["R"]) % world == 0]
 
 
 #: The seeds of the ``all_reduce`` cpu cases the multi-rank runs take (the cpu lane pays a
 #: process start and the interpreter per rank).
 MULTIRANK_SEEDS: tuple[int, ...] = (1, 4)
+#: The GPU lanes' large cases added there (2048 x 4096, 4096 x 4096 messages).
+MULTIRANK_GPU_SEEDS: tuple[int, ...] = (10, 11)
+
+
+def _lane_of(device: torch.device) -> Any:
+    from batchinv.harness.lanes import Lane, detect_lane
+
+    return Lane.CPU if device.type == "cpu" else detect_lane()
 
 
 def _launches(num_rows: int) -> list[tuple[int, list[int]]]:
@@ -96,7 +98,8 @@ def all_reduce_scenario(pg: Any, device: torch.device) -> dict[str, Any]:
 
     world, rank = pg.size(), pg.rank()
     out: dict[str, Any] = {}
-    for case in all_reduce_cases(world):
+    cases = all_reduce_cases(world, _lane_of(device))
+    for case in cases:
         partials = entry.build(case, device).rows["partials"]
         width = partials.shape[1] // world
         local = partials[:, rank * width : (rank + 1) * width]
@@ -107,7 +110,7 @@ def all_reduce_scenario(pg: Any, device: torch.device) -> dict[str, Any]:
             out[f"{case.id}|default|{m}"] = default_all_reduce(leaves, pg).cpu()
         whole = local.contiguous()
         out[f"{case.id}|repeat"] = [pinned_all_reduce(whole, pg).cpu() for _ in range(2)]
-    first = all_reduce_cases(world)[0]
+    first = cases[0]
     partials = entry.build(first, device).rows["partials"]
     width = partials.shape[1] // world
     local = partials[:, rank * width : (rank + 1) * width].contiguous()
@@ -175,6 +178,7 @@ def ep_scenario(pg: Any, device: torch.device) -> dict[str, Any]:
     from batchinv.fast.ep_combine import ep_combine
 
     world, rank = pg.size(), pg.rank()
+    side = pg if pg.name() == "gloo" else gloo_side_group()  # the arrival combine receives from any source
     out: dict[str, Any] = {}
     for others in EP_OTHERS:
         data = ep_data(world, others)
@@ -186,15 +190,28 @@ def ep_scenario(pg: Any, device: torch.device) -> dict[str, Any]:
             out["arrival"] = [
                 (lambda res: (res[0].cpu(), res[1]))(
                     arrival_ep_combine(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args),
-                                       group=pg, skew_s=skew(s, rank))
+                                       group=side, skew_s=skew(s, rank))
                 )
                 for s in SKEWS
             ]
         else:
             out[f"arrival|{others}"] = arrival_ep_combine(
-                *(a.cpu() if isinstance(a, torch.Tensor) else a for a in args), group=pg
+                *(a.cpu() if isinstance(a, torch.Tensor) else a for a in args), group=side
             )[0]
     return out
+
+
+_SIDE: list[Any] = []
+
+
+def gloo_side_group() -> Any:
+    """A gloo group of the default group's ranks (created once, collectively): the arrival-order
+    EP combine's receive from any source, which NCCL lacks."""
+    import torch.distributed as dist
+
+    if not _SIDE:
+        _SIDE.append(dist.new_group(backend="gloo"))
+    return _SIDE[0]
 
 
 def both_scenario(pg: Any, device: torch.device) -> dict[str, Any]:
@@ -202,7 +219,14 @@ def both_scenario(pg: Any, device: torch.device) -> dict[str, Any]:
     return {"all_reduce": all_reduce_scenario(pg, device), "ep_combine": ep_scenario(pg, device)}
 
 
+def hang_scenario(pg: Any, device: torch.device) -> dict[str, Any]:
+    """A rank that never finishes (the launcher's deadline test)."""
+    time.sleep(3600)
+    return {}
+
+
 SCENARIOS: dict[str, Callable[[Any, torch.device], dict[str, Any]]] = {
+    "hang": hang_scenario,
     "all_reduce": all_reduce_scenario,
     "ep_combine": ep_scenario,
     "both": both_scenario,
@@ -226,13 +250,26 @@ class Verdicts:
     arrival_orders: list[tuple[int, ...]] = field(default_factory=list)
 
 
+_EXPECTED: dict[tuple[str, ...], torch.Tensor] = {}
+
+
+def _memo(key: tuple[str, ...], make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The single-process subject's output for ``key``, computed once per process (every rank's
+    verdicts compare with the same)."""
+    if key not in _EXPECTED:
+        _EXPECTED[key] = make()
+    return _EXPECTED[key]
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     from batchinv.harness.compare import compare_bitwise
 
     return a.shape == b.shape and compare_bitwise(a, b).equal
 
 
-def judge_all_reduce(results: dict[str, Any], world: int, rank: int) -> Verdicts:
+def judge_all_reduce(
+    results: dict[str, Any], world: int, rank: int, device: torch.device | None = None
+) -> Verdicts:
     """Verdicts of one rank's :func:`all_reduce_scenario` results: each pinned launch equals the
     single-process subject at TP 1 (``fast.all_reduce(p[rows], tp_degree=1)``) and the full
     message's rows (batch_prefix), the repeats equal the first call; ``torch_distributed`` is
@@ -243,21 +280,25 @@ def judge_all_reduce(results: dict[str, Any], world: int, rank: int) -> Verdicts
     from batchinv.fast.baselines.all_reduce import local_partial
     from batchinv.harness.components import all_reduce as entry
 
+    device = torch.device("cpu") if device is None else device
     v = Verdicts(control={"torch_distributed": [], "arrival_ring": []})
-    for case in all_reduce_cases(world):
-        partials = entry.build(case, torch.device("cpu")).rows["partials"]
+    for case in all_reduce_cases(world, _lane_of(device)):
+        partials = entry.build(case, device).rows["partials"]
         n = partials.shape[0]
-        tree = all_reduce(partials, tp_degree=1)
+        tree = _memo((case.id, str(device)), lambda: all_reduce(partials, tp_degree=1).cpu())
         for m, rows in _launches(n):
             for method in METHODS:
                 got = results[f"{case.id}|{method}|{m}"]
                 v.pinned_checked += 1
-                if not (_same(got, all_reduce(partials[rows], tp_degree=1)) and _same(got, tree[rows])):
+                alone = _memo(  # noqa: B023 - called at once
+                    (case.id, str(device), str(m)), lambda: all_reduce(partials[rows], tp_degree=1).cpu()
+                )
+                if not (_same(got, alone) and _same(got, tree[rows])):
                     v.pinned_failures.append(f"{case.id} {method} M={m}")
             default, full = results[f"{case.id}|default|{m}"], results[f"{case.id}|default|{n}"]
             if not _same(default, full[rows]):
                 v.control["torch_distributed"].append(f"batch_prefix {case.id} M={m}")
-        single = local_partial(partials)  # the baseline at TP 1: one rank's fp32 sum of every leaf
+        single = local_partial(partials).cpu()  # the baseline at TP 1: one rank's fp32 sum of every leaf
         if not _same(results[f"{case.id}|default|{n}"], single):
             v.control["torch_distributed"].append(f"tp_degree {case.id} TP={world} vs TP=1")
         for i, again in enumerate(results[f"{case.id}|repeat"]):
@@ -275,7 +316,7 @@ def judge_all_reduce(results: dict[str, Any], world: int, rank: int) -> Verdicts
     return v
 
 
-def judge_ep(results: dict[str, Any], world: int, rank: int) -> Verdicts:
+def judge_ep(results: dict[str, Any], world: int, rank: int, device: torch.device | None = None) -> Verdicts:
     """Verdicts of one rank's :func:`ep_scenario` results: every pinned combine equals
     ``moe_combine`` of the rank's tokens in one process (EP 1) beside every count of the other
     ranks' tokens, twice; the arrival-order combine is detected where it differs from its own
@@ -283,11 +324,12 @@ def judge_ep(results: dict[str, Any], world: int, rank: int) -> Verdicts:
     (batch_prefix, on rank 0 whose tokens stay) or between skews (repeat)."""
     from batchinv.fast.moe_combine import moe_combine
 
+    device = torch.device("cpu") if device is None else device
     v = Verdicts(control={"arrival_ep_combine": []})
     for others in EP_OTHERS:
         data = ep_data(world, others)
         mine = data.tokens_of(rank)
-        expected = moe_combine(data.y[mine], data.w[mine])
+        expected = moe_combine(data.y[mine].to(device), data.w[mine].to(device)).cpu()
         for i, got in enumerate(results[f"pinned|{others}"]):
             v.pinned_checked += 1
             if not _same(got, expected):

@@ -16,9 +16,10 @@ Value kinds (``values``), built from the seed on the CPU:
 
 * ``normal``: N(0, 1) leaves;
 * ``magnitudes``: leaves of very different magnitudes (N(0, 1) times 2^e, e uniform in
-  [-20, 20]) with, in every other column, a cancelling pair B, -B (B ~ 2^24 |leaf|) at leaves
-  0 and R - 1: fp32 sums of the same leaves in two orders differ in most elements (the gloo
-  ring's position-dependent order, a TP rank's local pre-sum, an arrival order);
+  [-20, 20]) with, in every other column, a cancelling pair B, -B (B ~ 2^40 |leaf|) at leaves
+  0 and 1: fp32 sums of the same leaves in two orders differ in most elements (the gloo ring's
+  position-dependent order, a TP rank's local pre-sum, an arrival order), and fp64 sums too
+  where the pair does not cancel first (the leaves reversed: the others are lost to B's grid);
 * ``specials``: ``magnitudes`` with NaN, +-inf, -0 and fp32 subnormals injected.
 
 Layouts: ``contiguous`` ([M, R, N] row-major) or ``rank_major`` (a [R, M, N] stack of the ranks'
@@ -52,9 +53,9 @@ def build_partials(kind: str, rows: int, leaves: int, cols: int, gen: torch.Gene
         raise ValueError(f"values: expected one of {VALUES}, got {kind!r}")
     p = p * torch.exp2(torch.randint(-20, 21, p.shape, generator=gen).float())
     if leaves >= 2:
-        big = p[:, 0, 1::2].abs().add(1e-30) * 2.0**24 * torch.where(p[:, 0, 1::2] < 0, -1.0, 1.0)
+        big = p[:, 0, 1::2].abs().add(1e-30) * 2.0**40 * torch.where(p[:, 0, 1::2] < 0, -1.0, 1.0)
         p[:, 0, 1::2] = big
-        p[:, leaves - 1, 1::2] = -big
+        p[:, 1, 1::2] = -big
     if kind == "specials":
         flat = p.view(-1)
         pick = torch.rand(flat.shape, generator=gen)
