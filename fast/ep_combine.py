@@ -29,8 +29,8 @@ def _exchange(rows: torch.Tensor, dest: torch.Tensor, pg: Any) -> tuple[torch.Te
     source-rank order) and each one's source rank."""
     world = pg.size()
     order = torch.sort(dest, stable=True).indices
-    send = rows.index_select(0, order).contiguous()
-    counts = torch.bincount(dest, minlength=world).to(torch.int64)
+    send = rows.index_select(0, order.to(rows.device)).contiguous()
+    counts = torch.bincount(dest, minlength=world).to(torch.int64).to(rows.device)  # NCCL: on the GPU
     recv_counts = torch.empty_like(counts)
     pg.alltoall_base(recv_counts, counts, [], []).wait()
     recv = rows.new_empty((int(recv_counts.sum()), *rows.shape[1:]))
