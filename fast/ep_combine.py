@@ -96,7 +96,8 @@ def ep_combine(
     (token, slot) pair (t, j); a pair never returned leaves NaN, so it shows.
     """
     y, token, slot = ep_return(pair_out, pair_rank, pair_token, pair_slot, group)
-    local = torch.full((num_tokens, top_k, pair_out.shape[1]), float("nan"), dtype=pair_out.dtype,
-                       device=pair_out.device)
+    local = torch.full(
+        (num_tokens, top_k, pair_out.shape[1]), float("nan"), dtype=pair_out.dtype, device=pair_out.device
+    )
     local[token, slot] = y  # each (token, slot) once: an exact copy, in any arrival order
     return moe_combine(local, topk_weights)

@@ -291,9 +291,7 @@ def partition(
     return result
 
 
-def tp_degree(
-    fn: Callable[[Batch, int], Outputs], batch: Batch, degrees: Sequence[int]
-) -> DriverResult:
+def tp_degree(fn: Callable[[Batch, int], Outputs], batch: Batch, degrees: Sequence[int]) -> DriverResult:
     """Every tensor-parallel degree of ``degrees`` gives the bits of degree 1 (the single-rank
     tree over the same leaves)."""
     result = DriverResult(vacuous="the case's leaves have no TP degree but 1")

@@ -184,13 +184,24 @@ def ep_scenario(pg: Any, device: torch.device) -> dict[str, Any]:
         data = ep_data(world, others)
         pair_out, pair_rank, pair_token, pair_slot = ep_pairs(data, world, rank)
         mine = data.tokens_of(rank)
-        args = (pair_out.to(device), pair_rank, pair_token, pair_slot, data.w[mine].to(device), data.counts[rank], EP_K)
+        args = (
+            pair_out.to(device),
+            pair_rank,
+            pair_token,
+            pair_slot,
+            data.w[mine].to(device),
+            data.counts[rank],
+            EP_K,
+        )
         out[f"pinned|{others}"] = [ep_combine(*args, group=pg).cpu() for _ in range(2)]
         if others == EP_OTHERS[0]:
             out["arrival"] = [
                 (lambda res: (res[0].cpu(), res[1]))(
-                    arrival_ep_combine(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args),
-                                       group=side, skew_s=skew(s, rank))
+                    arrival_ep_combine(
+                        *(a.cpu() if isinstance(a, torch.Tensor) else a for a in args),
+                        group=side,
+                        skew_s=skew(s, rank),
+                    )
                 )
                 for s in SKEWS
             ]
@@ -253,11 +264,13 @@ class Verdicts:
 _EXPECTED: dict[tuple[str, ...], torch.Tensor] = {}
 
 
-def _memo(key: tuple[str, ...], make: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """The single-process subject's output for ``key``, computed once per process (every rank's
-    verdicts compare with the same)."""
+def _tree(key: tuple[str, ...], partials: torch.Tensor) -> torch.Tensor:
+    """``fast.all_reduce(partials, tp_degree=1)`` on the CPU, computed once per ``key`` in this
+    process (every rank's verdicts compare with the same)."""
+    from batchinv.fast.all_reduce import all_reduce
+
     if key not in _EXPECTED:
-        _EXPECTED[key] = make()
+        _EXPECTED[key] = all_reduce(partials, tp_degree=1).cpu()
     return _EXPECTED[key]
 
 
@@ -276,7 +289,7 @@ def judge_all_reduce(
     detected where a launch's rows differ from the full launch's (batch_prefix) or the full
     launch from the TP 1 tree of the same leaves at this TP degree (tp_degree); ``arrival_ring``
     where two skews gave other bits, inconclusive where the arrival orders did not differ."""
-    from batchinv.fast.all_reduce import METHODS, all_reduce
+    from batchinv.fast.all_reduce import METHODS
     from batchinv.fast.baselines.all_reduce import local_partial
     from batchinv.harness.components import all_reduce as entry
 
@@ -285,14 +298,12 @@ def judge_all_reduce(
     for case in all_reduce_cases(world, _lane_of(device)):
         partials = entry.build(case, device).rows["partials"]
         n = partials.shape[0]
-        tree = _memo((case.id, str(device)), lambda: all_reduce(partials, tp_degree=1).cpu())
+        tree = _tree((case.id, str(device)), partials)
         for m, rows in _launches(n):
             for method in METHODS:
                 got = results[f"{case.id}|{method}|{m}"]
                 v.pinned_checked += 1
-                alone = _memo(  # noqa: B023 - called at once
-                    (case.id, str(device), str(m)), lambda: all_reduce(partials[rows], tp_degree=1).cpu()
-                )
+                alone = _tree((case.id, str(device), str(m)), partials[rows])
                 if not (_same(got, alone) and _same(got, tree[rows])):
                     v.pinned_failures.append(f"{case.id} {method} M={m}")
             default, full = results[f"{case.id}|default|{m}"], results[f"{case.id}|default|{n}"]
@@ -312,7 +323,9 @@ def judge_all_reduce(
     base = arrivals[0][0]
     for i, (bits, order) in enumerate(arrivals[1:], start=1):
         if not _same(bits, base):
-            v.control["arrival_ring"].append(f"repeat under skew {SKEWS[i]}: arrival {order} vs {arrivals[0][1]}")
+            v.control["arrival_ring"].append(
+                f"repeat under skew {SKEWS[i]}: arrival {order} vs {arrivals[0][1]}"
+            )
     return v
 
 
@@ -348,7 +361,9 @@ def judge_ep(results: dict[str, Any], world: int, rank: int, device: torch.devic
         if not _same(bits, results["arrival"][0][0]):
             v.control["arrival_ep_combine"].append(f"repeat under skew {SKEWS[i]}: arrival {order}")
     if len(set(v.arrival_orders)) < 2:
-        v.inconclusive["arrival_ep_combine skew"] = f"the skews did not change the arrival order: {v.arrival_orders}"
+        v.inconclusive["arrival_ep_combine skew"] = (
+            f"the skews did not change the arrival order: {v.arrival_orders}"
+        )
     return v
 
 
@@ -389,11 +404,18 @@ def launch(world: int, scenario: str, *, timeout_s: float = 120.0) -> list[dict[
                 "TRITON_INTERPRET": "1",
                 "OMP_NUM_THREADS": "1",
             }
-            err = open(Path(tmp) / f"rank{rank}.err", "w")  # noqa: SIM115 - closed below
-            procs.append((subprocess.Popen(
-                [sys.executable, "-m", "batchinv.harness.multirank", scenario, tmp],
-                env=env, stdout=subprocess.DEVNULL, stderr=err,
-            ), err))
+            err = open(Path(tmp) / f"rank{rank}.err", "w")
+            procs.append(
+                (
+                    subprocess.Popen(
+                        [sys.executable, "-m", "batchinv.harness.multirank", scenario, tmp],
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=err,
+                    ),
+                    err,
+                )
+            )
         deadline = time.monotonic() + timeout_s
         try:
             for proc, _ in procs:
@@ -411,7 +433,9 @@ def launch(world: int, scenario: str, *, timeout_s: float = 120.0) -> list[dict[
                 err.close()
         failed = [r for r, (p, _) in enumerate(procs) if p.returncode != 0]
         if failed:
-            raise RuntimeError(f"multirank {scenario} at world {world}: ranks {failed} failed{_tails(tmp, world)}")
+            raise RuntimeError(
+                f"multirank {scenario} at world {world}: ranks {failed} failed{_tails(tmp, world)}"
+            )
         return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 

@@ -626,7 +626,8 @@ class Component:
         tp = TP_CHECKS if self.tp_degrees is not None else ()
         if self.requests is not None:
             partition = ("partition",) if self.partition_arg is not None else ()
-            return ("agreement", *REQUEST_CHECKS, *phase, *padding, *partition, "repeat", *configs, *modes, *tp)
+            modes = (*modes, *tp)  # tp_degree, the last check
+            return ("agreement", *REQUEST_CHECKS, *phase, *padding, *partition, "repeat", *configs, *modes)
         skip = set(REQUEST_CHECKS) | set(PHASE_CHECKS) | set(PADDING_CHECKS)
         if self.tp_degrees is None:
             skip.update(TP_CHECKS)

@@ -54,7 +54,9 @@ def default_all_reduce(local: torch.Tensor, group: Any = None) -> torch.Tensor:
     return out
 
 
-def arrival_ring(local: torch.Tensor, group: Any = None, skew_s: float = 0.0) -> tuple[torch.Tensor, tuple[int, ...]]:
+def arrival_ring(
+    local: torch.Tensor, group: Any = None, skew_s: float = 0.0
+) -> tuple[torch.Tensor, tuple[int, ...]]:
     """The ring in arrival order (module docstring) after sleeping ``skew_s`` seconds.
 
     Returns ``(out [M, N] float32, order)``: ``order`` the ranks in the order rank 0 added them

@@ -60,7 +60,9 @@ def test_the_pinned_paths_on_gloo_ranks_are_the_single_process_tree(method):
     for degree in (1, 2, 4):
         width = 4 // degree
         outs = gloo_threads(degree).run(
-            lambda r, pg, w=width: pinned_all_reduce(p[:, r * w : (r + 1) * w].contiguous(), pg, method=method)
+            lambda r, pg, w=width: pinned_all_reduce(
+                p[:, r * w : (r + 1) * w].contiguous(), pg, method=method
+            )
         )
         for rank, out in enumerate(outs):
             assert torch.equal(out.view(torch.int32), expected.view(torch.int32)), (degree, rank)

@@ -98,5 +98,5 @@ def test_the_arrival_order_ep_combine_is_detected_by_different_bits(runs, world)
 def test_a_rank_past_the_deadline_fails_the_launch_and_is_killed():
     """The deadline, not the scenario, ends it: the ranks of a scenario that sleeps an hour are
     still starting (or sleeping) at 3 s, and the launch raises instead of waiting."""
-    with pytest.raises(TimeoutError, match="still running after 3.0 s"):
+    with pytest.raises(TimeoutError, match=r"still running after 3\.0 s"):
         multirank.launch(2, "hang", timeout_s=3.0)
