@@ -29,9 +29,14 @@ WORLDS = (2, 4)
 LAUNCH_TIMEOUT_S = 240.0
 
 
-@pytest.fixture(scope="module")
+_RUNS: dict[int, list[dict]] = {}
+
+
+@pytest.fixture
 def runs() -> dict[int, list[dict]]:
-    return {}
+    """The launches of this worker process, one per world size (a module-level cache: under
+    xdist a module's tests may interleave with others', which would tear a module fixture down)."""
+    return _RUNS
 
 
 def _results(runs: dict[int, list[dict]], world: int) -> list[dict]:
