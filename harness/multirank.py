@@ -347,10 +347,9 @@ def judge_ep(results: dict[str, Any], world: int, rank: int, device: torch.devic
             v.pinned_checked += 1
             if not _same(got, expected):
                 v.pinned_failures.append(f"others={others} call {i + 1}")
-        if others == EP_OTHERS[0]:
-            single = _single_rank_arrival(data, mine)
-            if not _same(results["arrival"][0][0], single):
-                v.control["arrival_ep_combine"].append(f"ep_degree EP={world} vs EP=1")
+        arrival = results["arrival"][0][0] if others == EP_OTHERS[0] else results[f"arrival|{others}"]
+        if not _same(arrival, _single_rank_arrival(data, mine)):
+            v.control["arrival_ep_combine"].append(f"ep_degree EP={world} vs EP=1 (others={others})")
     if rank == 0:
         first = results["arrival"][0][0]
         for others in EP_OTHERS[1:]:
