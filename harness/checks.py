@@ -603,6 +603,26 @@ def _padding(run: _Run) -> invariance.DriverResult:
     )
 
 
+def _tp_degree(run: _Run) -> invariance.DriverResult | None:
+    """tp_degree of a collective: the subject called with ``tp_degree=T`` for each degree of
+    ``Component.tp_degrees`` gives the bits of ``tp_degree=1``."""
+    degrees = run.component.tp_degrees
+    if degrees is None:
+        run.skip("the component declares no TP degrees")
+        return None
+    if isinstance(run.subject, Subject):
+        run.skip("an outside subject takes no tp_degree keyword")
+        return None
+    impl, launches = run.view.call, run.launches
+
+    def call_with(b: Batch, degree: int) -> Outputs:
+        launches.note(b)
+        with invariance.inputs_untouched(b):
+            return as_outputs(impl(**b.kwargs(), tp_degree=degree))
+
+    return invariance.tp_degree(call_with, run.batch, degrees(run.batch))
+
+
 #: Every check's driver, by name, in :data:`registry.CHECKS` order (the sweep's and the report's
 #: column order).  The registry owns the names (components validate theirs against them without
 #: importing this module); this table must name exactly those, in that order: an import-time error
@@ -622,6 +642,7 @@ DRIVERS: Mapping[str, Driver] = MappingProxyType(
         "padding": _padding,
         "config_equivalence": _config_equivalence,
         "modes": _modes_check,
+        "tp_degree": _tp_degree,
     }
 )
 if tuple(DRIVERS) != CHECKS:

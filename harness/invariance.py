@@ -346,6 +346,19 @@ def partition(
     return result
 
 
+def tp_degree(fn: Callable[[Batch, int], Outputs], batch: Batch, degrees: Sequence[int]) -> DriverResult:
+    """Every tensor-parallel degree of ``degrees`` gives the bits of degree 1 (the single-rank
+    tree over the same leaves)."""
+    result = DriverResult(vacuous="the case's leaves have no TP degree but 1")
+    expected = tuple(o.detach().clone() for o in as_outputs(fn(batch, 1)))
+    for degree in degrees:
+        if degree == 1:
+            continue
+        got = tuple(o.detach().clone() for o in as_outputs(fn(batch, degree)))
+        result.record(f"tp_degree={degree}", compare_outputs(expected, got))
+    return result
+
+
 def repeat(
     fn: Impl,
     batch: Batch,

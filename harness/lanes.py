@@ -76,3 +76,11 @@ def enter_lane(lane: Lane) -> None:
 def lane_device(lane: Lane) -> str:
     """The torch device string tensors of ``lane`` live on."""
     return "cpu" if lane is Lane.CPU else "cuda"
+
+
+def under_torchrun() -> bool:
+    """Whether this process is a rank started by ``torchrun`` (its environment is set): the
+    multi-GPU lane (``gpu_2``, ``gpu_4`` tests; ``ci/multi_gpu.sh``)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or all(
+        k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")
+    )

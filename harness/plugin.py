@@ -23,8 +23,8 @@ triton was already imported without ``TRITON_INTERPRET=1``.
 
 In a run that opts in, the plugin
 
-* registers the markers ``cpu``, ``gpu``, ``sm90``, ``sm100``, ``negative_control``, ``slow``
-  (the project runs with ``--strict-markers``);
+* registers the markers ``cpu``, ``gpu``, ``sm90``, ``sm100``, ``negative_control``, ``slow``,
+  ``gpu_2``, ``gpu_4`` (the project runs with ``--strict-markers``);
 * detects the lane from the hardware (``--lane`` forces one) and enters it before any conftest
   or test module is imported, so ``TRITON_INTERPRET=1`` is in place before triton loads on the
   cpu lane; if something imported triton before the plugin ran, the run stops with a usage error;
@@ -35,7 +35,10 @@ In a run that opts in, the plugin
   runs on the cpu lane; ``gpu`` on any GPU lane; ``sm90`` / ``sm100`` on that lane only.  A test
   with none of them is host-only code and runs on every lane.  ``slow`` tests run only with
   ``--batchinv-run-slow``;
-* under pytest-xdist on a machine with several GPUs, gives each worker its own GPU;
+* under pytest-xdist on a machine with several GPUs, gives each worker its own GPU; under
+  ``torchrun`` each rank takes the GPU of its ``LOCAL_RANK``;
+* skips the multi-GPU tests (``gpu_2``, ``gpu_4``) unless the run is a rank of ``torchrun`` with
+  that ``WORLD_SIZE`` on a GPU lane (``ci/multi_gpu.sh``), with a reason;
 * loads a Hypothesis profile: ``ci`` (derandomized, no deadline) when ``CI`` is set, ``dev``
   (random, no deadline) otherwise, ``$BATCHINV_HYPOTHESIS_PROFILE`` to choose;
   ``--hypothesis-profile`` still wins;
@@ -68,7 +71,7 @@ from typing import IO, TYPE_CHECKING, Any
 import pytest
 
 from batchinv.fast.versions import UnsupportedVersionError, check_versions
-from batchinv.harness.lanes import Lane, detect_lane, enter_lane, parse_lane
+from batchinv.harness.lanes import Lane, detect_lane, enter_lane, parse_lane, under_torchrun
 
 if TYPE_CHECKING:
     from batchinv.harness.checks import CheckResult
@@ -81,7 +84,11 @@ MARKERS = {
     "sm100": "runs on the sm100 lane (Blackwell)",
     "negative_control": "a check run against an unpinned baseline; it must fail (strict xfail)",
     "slow": "long-running; needs --batchinv-run-slow",
+    "gpu_2": "a multi-GPU test of 2 ranks: runs only under torchrun with WORLD_SIZE=2 on a GPU lane (ci/multi_gpu.sh)",
+    "gpu_4": "a multi-GPU test of 4 ranks: runs only under torchrun with WORLD_SIZE=4 on a GPU lane (ci/multi_gpu.sh)",
 }
+#: The multi-GPU lane markers and the world size each needs.
+MULTI_GPU_MARKERS = {"gpu_2": 2, "gpu_4": 4}
 INI_KEY = "batchinv"
 OPT_IN_HINT = "set `batchinv = true` in the pytest ini file, or pass --batchinv or --lane"
 
@@ -219,9 +226,30 @@ def pytest_configure(config: pytest.Config) -> None:
             per_gpu = -(-workers // max(1, count))
             build_cache.share_device(per_gpu)
             _SHARED_GPU = per_gpu > 1
+    elif lane.is_gpu and under_torchrun():
+        import torch
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # one GPU per rank
 
 
 _SHARED_GPU = False
+
+
+def multi_gpu_skip_reason(markers: set[str], lane: Lane) -> str | None:
+    """Why a test with the multi-GPU markers ``gpu_2`` / ``gpu_4`` does not run here (None: it
+    runs): it needs a GPU lane, ``torchrun`` and that world size."""
+    wanted = sorted(n for m, n in MULTI_GPU_MARKERS.items() if m in markers)
+    if not wanted:
+        return None
+    label = "/".join(f"gpu_{n}" for n in wanted)
+    if not lane.is_gpu:
+        return f"{label}: a multi-GPU test; this is the cpu lane (ci/multi_gpu.sh runs it under torchrun)"
+    if not under_torchrun():
+        return f"{label}: a multi-GPU test; runs only under torchrun (ci/multi_gpu.sh)"
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world not in wanted:
+        return f"{label}: needs WORLD_SIZE in {wanted}; this torchrun has {world}"
+    return None
 
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:
@@ -432,7 +460,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     run_slow = config.getoption("batchinv_run_slow")
     for item in items:
         names = {m.name for m in item.iter_markers()}
-        reason = lane_skip_reason(names, lane)
+        reason = multi_gpu_skip_reason(names, lane) or lane_skip_reason(names, lane)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
         elif "slow" in names and not run_slow:

@@ -62,6 +62,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "prefill_attention",
     "sdpa_attention",
     "sampler",
+    "all_reduce",
 )
 
 #: The default batch-size sweep (docs/DESIGN.md, "Sweep axes"); GPU lanes add 4096.
@@ -344,6 +345,9 @@ CONFIG_CHECKS: tuple[str, ...] = ("config_equivalence",)
 #: The checks of components with a torch operator (``Component.torch_op``): eager, compiled and
 #: CUDA-graph runs give the same bits, and rows stay invariant along M in the compiled graph.
 MODE_CHECKS: tuple[str, ...] = ("modes",)
+#: The check of collectives with a tensor-parallel degree (``Component.tp_degrees``): every TP
+#: degree of the same leaves gives the single-rank (TP 1) bits.
+TP_CHECKS: tuple[str, ...] = ("tp_degree",)
 #: Every invariance check, in sweep order.
 INVARIANCE_CHECKS: tuple[str, ...] = (
     *ROW_CHECKS,
@@ -352,6 +356,7 @@ INVARIANCE_CHECKS: tuple[str, ...] = (
     *PADDING_CHECKS,
     *CONFIG_CHECKS,
     *MODE_CHECKS,
+    *TP_CHECKS,
 )
 #: Every check, in sweep order (the column order of the sweep's table and the report).  Each has
 #: exactly one driver in ``harness.checks.DRIVERS``, which names these in this order (checked when
@@ -546,6 +551,10 @@ class Component:
         padding: a dense request-level component's :class:`PaddingModel`: it turns on the
             ``padding`` check (a sequence left- and right-padded by every amount, alone and in
             batches of other lengths, gives the same bits).  None: the check does not apply.
+        tp_degrees: a collective's ``tp_degrees(batch) -> tuple`` of the tensor-parallel degrees
+            the batch's leaves can be spread over (the divisors of its leaf count): it turns on
+            the ``tp_degree`` check, which calls the subject with ``tp_degree=T`` for each and
+            requires the bits of ``tp_degree=1`` (the single-rank tree).  None: no TP degree.
     """
 
     name: str
@@ -573,6 +582,7 @@ class Component:
     torch_op: Callable[..., Any] | None = None
     phase: PhaseModel | None = None
     padding: PaddingModel | None = None
+    tp_degrees: Callable[[Batch], tuple[int, ...]] | None = None
 
     def __post_init__(self) -> None:
         if self.checks is not None:
@@ -614,10 +624,14 @@ class Component:
         modes = MODE_CHECKS if self.torch_op is not None else ()
         phase = PHASE_CHECKS if self.phase is not None else ()
         padding = PADDING_CHECKS if self.padding is not None else ()
+        tp = TP_CHECKS if self.tp_degrees is not None else ()
         if self.requests is not None:
             partition = ("partition",) if self.partition_arg is not None else ()
+            modes = (*modes, *tp)  # tp_degree, the last check
             return ("agreement", *REQUEST_CHECKS, *phase, *padding, *partition, "repeat", *configs, *modes)
         skip = set(REQUEST_CHECKS) | set(PHASE_CHECKS) | set(PADDING_CHECKS)
+        if self.tp_degrees is None:
+            skip.update(TP_CHECKS)
         if self.configs is None:
             skip.update(CONFIG_CHECKS)
         if self.torch_op is None:

@@ -218,6 +218,7 @@ def test_the_request_checks_follow_the_row_checks_and_apply_only_to_request_leve
         "padding",
         "config_equivalence",
         "modes",
+        "tp_degree",
     )
     assert set(REQUEST_CHECKS) <= set(INVARIANCE_CHECKS)
     assert TOY.applicable_checks() == ("agreement", "co_batch", "slot", "placement", "repeat")

@@ -22,6 +22,7 @@ import torch
 from batchinv.fast.matmul_config import reduction_tree
 from batchinv.harness.registry import Case
 
+from . import all_reduce as all_reduce_mutants
 from . import decode_partition_plan as plan_mutants
 from . import emulated, kernels, missing_cases
 from . import prefill_attention as prefill_mutants
@@ -588,6 +589,29 @@ MUTANTS = (
             ("batch_prefix",),
         )
         for rows in (3, 4, 5, 6)
+    ),
+    Mutant(
+        "all_reduce_leaves_reversed",
+        "all_reduce",
+        all_reduce_mutants.leaves_reversed,
+        "the pinned tree adds the leaves from r = R-1 down to 0 (fp64 still)",
+        ("agreement",),
+        every_case=lambda case: case.axes["values"] != "normal" and int(case.axes["R"]) >= 3,
+    ),
+    Mutant(
+        "all_reduce_fp32_above_16_rows",
+        "all_reduce",
+        all_reduce_mutants.fp32_above_16_rows,
+        "from 16 rows on the message is summed in fp32 (an algorithm picked by message size)",
+        ("batch_prefix",),
+    ),
+    Mutant(
+        "all_reduce_tp_ranks_presum_in_fp32",
+        "all_reduce",
+        all_reduce_mutants.tp_ranks_presum_in_fp32,
+        "each TP rank sums its own leaves in fp32 before the tree over the ranks (TP 1 is one fp32 sum)",
+        ("tp_degree",),
+        every_case=lambda case: case.axes["values"] != "normal" and int(case.axes["R"]) >= 3,
     ),
 )
 
