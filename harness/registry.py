@@ -545,6 +545,10 @@ class Component:
         padding: a dense request-level component's :class:`PaddingModel`: it turns on the
             ``padding`` check (a sequence left- and right-padded by every amount, alone and in
             batches of other lengths, gives the same bits).  None: the check does not apply.
+        quick_cases: ``quick_cases(lane)`` -> the indices into ``cases(lane)`` of the cases the
+            sweep's ``quick`` profile runs the fast kernel on (:mod:`batchinv.harness.profiles`;
+            index 0, the batch_prefix threshold case, always among them).  None: ``(0,)``.  The
+            ``full`` profile, pytest and the mutants run every case.
     """
 
     name: str
@@ -572,6 +576,7 @@ class Component:
     torch_op: Callable[..., Any] | None = None
     phase: PhaseModel | None = None
     padding: PaddingModel | None = None
+    quick_cases: Callable[[Lane], Sequence[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.checks is not None:

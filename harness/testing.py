@@ -282,6 +282,7 @@ def assert_subject(
     subject cannot express); fails it (``pytest.fail``) on ``fail`` or ``error`` with the
     detail and the repro line.
     """
+    __tracebackhide__ = True  # a failure shows the test's line and the check's message, not this frame
     import pytest
 
     subject = as_subject(point.component, fn, name=name, adapter=adapter, role="fast")
@@ -310,6 +311,7 @@ def assert_varies(
     (inconclusive) and :class:`~batchinv.harness.checks.BaselineCrashed` when a check crashed
     (an error, never a detection).
     """
+    __tracebackhide__ = True  # a failure shows the test's line and the message, not this frame
     report = check_subject(
         component, fn, lane=lane, name=name, adapter=adapter, role="baseline", m_limit=m_limit
     )
