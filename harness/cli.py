@@ -362,15 +362,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                     )
                     _print_repro(progress.console, "  repro: " + r.repro)
 
+            def on_component(name: str, checks: Any, controls: Any) -> None:
+                finished.append(name)
+                _print_repro(progress.console, component_line(name, checks, controls, lane))
+
             outcome = run_sweep(
                 comps,
                 lane,
                 on_result=on_result,
                 on_skip=lambda n: progress.update(bar, advance=n),
-                on_component=lambda name, checks, controls: (
-                    finished.append(name),
-                    _print_repro(progress.console, component_line(name, checks, controls, lane)),
-                ),
+                on_component=on_component,
                 selection=selection,
                 m_limit=args.max_m,
                 include_baselines=include_baselines,
