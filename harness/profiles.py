@@ -9,13 +9,16 @@ Two profiles, both read from the registry (never a hand list here):
   outside subject checked like it) runs every one of its checks on the cases
   ``Component.quick_cases(lane)`` names (default: the first case, which is also batch_prefix's
   row-threshold case); every *required* negative control (a baseline that must vary on the
-  lane, and every outside ``--as baseline`` subject) runs exactly as in ``full`` -- the same
-  cases and checks in the same order, so it stops at the same first detection; the other
+  lane, and every outside ``--as baseline`` subject) runs the same (case, check) pairs as in
+  ``full``, the checks it is caught by (``Baseline.caught_by``) first: a control ends at its
+  first detection, so any order of the same pairs gives the same verdict; the other
   baselines (pin candidates, controls not required on the lane) run on the quick cases.  On
   GPU lanes ``quick`` is ``full`` (the full GPU sweep takes minutes there).
 
 So the quick profile judges the same (component, check) pairs as the full one and detects the
 same required negative controls (tests/harness/test_profiles.py checks both from the registry).
+(A crash in a pair the full profile never reaches, having detected earlier, would show in the
+quick profile alone: an ``error``, never a detection.)
 
 ``checks`` (``--checks agreement,co_batch``, ``--invariance-only``) narrows the checks of the
 fast kernel and of the controls; a required control whose detecting check is not selected ends
@@ -123,6 +126,21 @@ class Selection:
         if self.quick_on(lane):
             return quick_case_indices(comp, lane)
         return tuple(range(len(comp.cases(lane))))
+
+    def control_pairs(
+        self, comp: Component, baseline: Baseline | None, lane: Lane
+    ) -> tuple[tuple[str, int], ...]:
+        """``(check, case index)`` of a control, in the order it runs them (it ends at the first
+        detection): case by case, every check of the case, as the full profile does; under the
+        quick profile a required control first runs the checks it is caught by
+        (``Baseline.caught_by``, ``config_equivalence`` for a ``config_control``) over every case,
+        then the rest -- the same pairs in another order, so the same verdict."""
+        checks = self.control_checks(comp, baseline)
+        pairs = [(ch, i) for i in self.control_cases(comp, baseline, lane) for ch in checks]
+        if not self.quick_on(lane) or baseline is None or baseline.is_pin_candidate:
+            return tuple(pairs)
+        first = set(baseline.caught_by) | ({"config_equivalence"} if baseline.config_control else set())
+        return tuple(sorted(pairs, key=lambda p: p[0] not in first))  # stable: order kept within each
 
     def control_cases(self, comp: Component, baseline: Baseline | None, lane: Lane) -> tuple[int, ...]:
         """Indices into ``comp.cases(lane)`` a control runs over, in order: every case for a

@@ -229,6 +229,8 @@ class Baseline:
             differ from the pinned kernel's by construction (another library, another formula),
             which is no variance, and a detection there would hide the check that finds its real
             one.
+        caught_by: the checks designed to detect it, tried first by the quick profile (the
+            verdict does not depend on the order; see :mod:`batchinv.harness.profiles`).
     """
 
     name: str
@@ -241,6 +243,11 @@ class Baseline:
     timed: bool = True
     modes: Callable[..., Any] | None = None
     config_control: bool = False
+    #: the checks designed to detect this baseline (its ``why``): the sweep's quick profile tries
+    #: them first, over every case, then the rest -- the same (case, check) pairs as the full
+    #: profile in another order, so the same verdict (a control ends at its first detection).  A
+    #: ``config_control`` baseline is caught by ``config_equivalence`` without saying so.
+    caught_by: tuple[str, ...] = ()
 
     @property
     def is_pin_candidate(self) -> bool:

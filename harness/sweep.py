@@ -236,17 +236,9 @@ def plan(
         for subject in fast_like:
             tasks += [Task(comp, subject, ch, i) for i in fast_cases for ch in checks]
         for b in _baselines(comp, lane) if include_baselines else []:
-            b_checks = selection.control_checks(comp, b)
-            tasks += [
-                Task(comp, b.name, ch, i) for i in selection.control_cases(comp, b, lane) for ch in b_checks
-            ]
+            tasks += [Task(comp, b.name, ch, i) for ch, i in selection.control_pairs(comp, b, lane)]
         for subject in controls:
-            c_checks = selection.control_checks(comp, None)
-            tasks += [
-                Task(comp, subject, ch, i)
-                for i in selection.control_cases(comp, None, lane)
-                for ch in c_checks
-            ]
+            tasks += [Task(comp, subject, ch, i) for ch, i in selection.control_pairs(comp, None, lane)]
     return tasks
 
 
@@ -270,8 +262,9 @@ class Unit:
     #: the unit's checks, when not all of them (a profile's selection; the rest of a fast-like
     #: unit whose worker died)
     checks: tuple[str, ...] | None = None
-    #: a control's case indices, in order, when not every case (the quick profile)
-    cases: tuple[int, ...] | None = None
+    #: a control's (check, case index) pairs, in the order it runs them (None: every case, case
+    #: by case, every invariance check; a pin candidate: batch_prefix)
+    pairs: tuple[tuple[str, int], ...] | None = None
 
 
 def _units(
@@ -290,13 +283,11 @@ def _units(
     for c in components:
         if include_baselines:
             units += [
-                Unit(
-                    c.name, b.name, None, selection.control_checks(c, b), selection.control_cases(c, b, lane)
-                )
+                Unit(c.name, b.name, None, None, selection.control_pairs(c, b, lane))
                 for b in _baselines(c, lane)
             ]
         units += [
-            Unit(c.name, s, None, selection.control_checks(c, None), selection.control_cases(c, None, lane))
+            Unit(c.name, s, None, None, selection.control_pairs(c, None, lane))
             for s in outside[c.name]
             if s.is_baseline
         ]
@@ -318,23 +309,16 @@ def run_unit(
         case = all_cases[unit.case_index]
         checks = unit.checks if unit.checks is not None else comp.applicable_checks()
         return [run_check(comp, subject, ch, case, lane, m_limit=m_limit, timeout=timeout) for ch in checks]
-    cases = all_cases if unit.cases is None else [all_cases[i] for i in unit.cases]
+    pairs = None if unit.pairs is None else [(ch, all_cases[i]) for ch, i in unit.pairs]
     if isinstance(subject, Subject):
-        return list(
-            control_results(
-                comp, subject, lane, m_limit=m_limit, timeout=timeout, cases=cases, checks=unit.checks
-            )
-        )
+        return list(control_results(comp, subject, lane, m_limit=m_limit, timeout=timeout, pairs=pairs))
     baseline = comp.baseline(subject)
     if baseline.is_pin_candidate:  # one subprocess for every case; where it varies is the finding
-        if unit.checks is not None and "batch_prefix" not in unit.checks:
+        cases = all_cases if pairs is None else [case for ch, case in pairs if ch == "batch_prefix"]
+        if not cases:
             return []
         return run_checks(comp, baseline.name, "batch_prefix", cases, lane, m_limit=m_limit, timeout=timeout)
-    return list(
-        control_results(
-            comp, baseline.name, lane, m_limit=m_limit, timeout=timeout, cases=cases, checks=unit.checks
-        )
-    )
+    return list(control_results(comp, baseline.name, lane, m_limit=m_limit, timeout=timeout, pairs=pairs))
 
 
 # --- worker processes -------------------------------------------------------------------------
@@ -445,16 +429,14 @@ class _Worker:
 
 def _planned(comp: Component, unit: Unit, lane: Lane) -> list[tuple[str, int]]:
     """(check, case index) of every check the unit can run, in order."""
-    cases = range(len(comp.cases(lane))) if unit.cases is None else unit.cases
+    cases = range(len(comp.cases(lane)))
     if unit.case_index is not None:
         return [(ch, unit.case_index) for ch in (unit.checks or comp.applicable_checks())]
+    if unit.pairs is not None:
+        return list(unit.pairs)
     if isinstance(unit.subject, str) and comp.baseline(unit.subject).is_pin_candidate:
-        checks: tuple[str, ...] = ("batch_prefix",)
-    else:
-        checks = _invariance_checks(comp)
-    if unit.checks is not None:
-        checks = tuple(c for c in checks if c in unit.checks)
-    return [(ch, i) for i in cases for ch in checks]
+        return [("batch_prefix", i) for i in cases]
+    return [(ch, i) for i in cases for ch in _invariance_checks(comp)]
 
 
 def _lost_row(
@@ -556,7 +538,7 @@ def _execute(
         if rest:  # the unit's other checks still run, in the new worker
             u = job.unit
             queue.appendleft(
-                _Job(job.index, Unit(u.component, u.subject, u.case_index, tuple(rest), u.cases))
+                _Job(job.index, Unit(u.component, u.subject, u.case_index, tuple(rest), u.pairs))
             )
             return None
         return units[job.index], collected.pop(job.index), compile_stats.CompileStats()
@@ -568,7 +550,7 @@ def _execute(
                     w.job = queue.popleft()
                     u = w.job.unit
                     sent = (
-                        Unit(u.component, u.subject.without_fn(), u.case_index, u.checks, u.cases)
+                        Unit(u.component, u.subject.without_fn(), u.case_index, u.checks, u.pairs)
                         if isinstance(u.subject, Subject)
                         else u
                     )

@@ -695,6 +695,7 @@ COMPONENT = Component(
             "a separately tuned verify path: q_len > 1 launches use twice decode's split size, so a "
             "token's split boundaries and merge tree depend on the phase that computes it (decode "
             "q_len 1 vs speculative verify); invariant along the batch, caught by the phase check",
+            caught_by=("phase",),
         ),
     ),
     cases=cases,

@@ -48,13 +48,34 @@ def test_quick_profile_judges_every_check_and_runs_every_required_control_as_ful
             if lane not in b.lanes:
                 continue
             if not b.is_pin_candidate and lane in b.expected_to_vary_on:
-                # a required control: the same checks on the same cases in the same order, so
-                # it stops at the same first detection as in the full profile
-                assert quick[(comp.name, b.name)] == full[(comp.name, b.name)], (comp.name, b.name)
+                # a required control: the same (check, case) pairs as in the full profile; it ends
+                # at its first detection, so in any order it detects iff the full profile does
+                q, f = quick[(comp.name, b.name)], full[(comp.name, b.name)]
+                assert sorted(q) == sorted(f), (comp.name, b.name)
+                first = set(b.caught_by) | ({"config_equivalence"} if b.config_control else set())
+                n = sum(ch in first for ch, _ in f)
+                assert {ch for ch, _ in q[:n]} <= first  # the checks it is caught by go first
+                assert [p for p in q if p[0] not in first] == [p for p in f if p[0] not in first]
             else:
                 assert {ch for ch, _ in quick[(comp.name, b.name)]} == {
                     ch for ch, _ in full[(comp.name, b.name)]
                 }
+
+
+def test_a_control_detected_in_full_is_detected_in_quick_whatever_the_order():
+    from dataclasses import replace
+
+    comp = _toy(baselines=[Baseline("varies", _m_dependent, "M", caught_by=("repeat",))])
+    quick = replace(comp, quick_cases=lambda lane: (0,))
+    full_outcome = run_sweep([comp], Lane.CPU, selection=FULL)
+    quick_outcome = run_sweep([quick], Lane.CPU, selection=Selection("quick"))
+    assert (
+        [c.verdict for c in full_outcome.controls]
+        == [c.verdict for c in quick_outcome.controls]
+        == ["detected"]
+    )
+    # repeat (tried first) cannot see it on either case; batch_prefix on case 0 does
+    assert quick_outcome.controls[0].cases == 3 and quick_outcome.controls[0].where.startswith("batch_prefix")
 
 
 def test_quick_is_full_on_gpu_lanes():
