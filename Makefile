@@ -1,5 +1,8 @@
 # Two commands for a newcomer: `make sweep` (the main job) and `make test` (the tests).
-# Both bootstrap a local .venv from pyproject.toml the first time.
+# Both bootstrap a local .venv from pyproject.toml the first time.  On the cpu lane `make sweep`
+# runs the quick profile (every check and every required negative control, the fast kernel on a
+# few cases per component: minutes); `make sweep-full` runs every case (about an hour on 2 cores).
+# On GPU lanes both run every case.
 #
 # On a machine whose python already has a CUDA torch and triton (the H200 image), skip the venv:
 #   make sweep PY=python3        (installs batchinv into that python with --no-deps first)
@@ -20,7 +23,7 @@ SWEEP_ARGS ?=
 # it; REPORT_ARGS=PATH.jsonl picks another, REPORT_ARGS="--bench PREFIX.json" adds a bench report.
 REPORT_ARGS ?=
 
-.PHONY: sweep test lint bench report clean
+.PHONY: sweep sweep-full test lint bench report clean
 
 ifeq ($(PY),.venv/bin/python)
 STAMP := .venv/.installed
@@ -40,6 +43,9 @@ endif
 
 sweep: $(STAMP)
 	$(PY) -m batchinv.harness.cli sweep $(SWEEP_ARGS)
+
+sweep-full: $(STAMP)
+	$(PY) -m batchinv.harness.cli sweep --profile full $(SWEEP_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

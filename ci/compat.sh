@@ -93,7 +93,7 @@ for version in "${VERSIONS[@]}"; do
     read -ra extra <<<"${COMPAT_SWEEP_ARGS:-}"
     sweep_ok=0
     rm -f "$OUT/sweep-$version.jsonl"
-    "$dir/bin/python" -m batchinv.harness.cli sweep --lane cpu --no-progress --jobs "$JOBS" \
+    "$dir/bin/python" -m batchinv.harness.cli sweep --lane cpu --profile full --no-progress --jobs "$JOBS" \
         --report "$OUT/sweep-$version.jsonl" "${sweep_args[@]}" "${extra[@]}" >>"$log" 2>&1 || sweep_ok=$?
     t3=$(now)
     checks=$(.venv/bin/python ci/compat_summary.py "$OUT/sweep-$version.jsonl" 2>/dev/null || echo "no report")

@@ -41,7 +41,7 @@ mkdir -p reports
 REPORT=${VLLM_REPORT:-reports/vllm-sweep-cpu.jsonl}
 set +e
 "$VENV/bin/python" -W ignore::RuntimeWarning -m batchinv.harness.cli sweep matmul softmax log_softmax mean rms_norm \
-    "${SUBJECTS[@]}" --lane cpu --no-progress --jobs "${JOBS:-2}" --report "$REPORT" >"$REPORT.log" 2>&1
+    "${SUBJECTS[@]}" --lane cpu --profile full --no-progress --jobs "${JOBS:-2}" --report "$REPORT" >"$REPORT.log" 2>&1
 set -e
 t3=$(date +%s)
 echo "vllm.sh: sweep log in $REPORT.log"

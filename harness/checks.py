@@ -930,17 +930,20 @@ def control_results(
     *,
     m_limit: int | None = None,
     timeout: float | None = None,
+    pairs: Sequence[tuple[str, Case]] | None = None,
 ) -> Iterator[CheckResult]:
     """The negative control of ``baseline``: its invariance checks over the lane's cases, in
     order, ending after the first check that finds variance (``fail``), crashes (``error``) or
-    times out (``timeout``)."""
-    checks = [c for c in component.applicable_checks() if c in INVARIANCE_CHECKS]
-    for case in component.cases(lane):
-        for check in checks:
-            result = run_check(component, baseline, check, case, lane, m_limit=m_limit, timeout=timeout)
-            yield result
-            if result.status in ("fail", "error", TIMEOUT):
-                return
+    times out (``timeout``).  ``pairs``: the ``(check, case)`` pairs to run instead, in that
+    order (a sweep profile's, :mod:`batchinv.harness.profiles`)."""
+    if pairs is None:
+        checks = [c for c in component.applicable_checks() if c in INVARIANCE_CHECKS]
+        pairs = [(check, case) for case in component.cases(lane) for check in checks]
+    for check, case in pairs:
+        result = run_check(component, baseline, check, case, lane, m_limit=m_limit, timeout=timeout)
+        yield result
+        if result.status in ("fail", "error", TIMEOUT):
+            return
 
 
 def negative_control(

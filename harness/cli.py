@@ -252,14 +252,39 @@ def add_timeout(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _selection(args: argparse.Namespace) -> Any:
+    """The sweep's profile and checks (``--profile``, ``--checks``, ``--invariance-only``)."""
+    from batchinv.harness.profiles import ProfileError, Selection, parse_checks
+    from batchinv.harness.registry import INVARIANCE_CHECKS
+
+    if args.checks and args.invariance_only:
+        raise UsageError("--checks and --invariance-only: give one of them")
+    try:
+        checks = parse_checks(args.checks) if args.checks else None
+    except ProfileError as exc:
+        raise UsageError(str(exc)) from None
+    if args.invariance_only:
+        checks = frozenset(INVARIANCE_CHECKS)
+    return Selection(args.profile, checks)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from batchinv.harness.checks import CheckResult
-    from batchinv.harness.registry import components
+    from batchinv.harness.registry import CHECKS, components
     from batchinv.harness.report import JsonlReport, environment
     from batchinv.harness.sweep import plan, run_sweep
+    from batchinv.harness.sweep_table import component_line
 
+    selection = _selection(args)
     lane = _lane(args)
     console = wide_console()
     if args.as_role is not None and not args.subject:
@@ -272,7 +297,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     env = environment(lane)
     console.print(
         f"[bold]batchinv sweep[/] lane={lane.value} device={env['device']} torch={env['torch']} "
-        f"triton={env['triton']} ftz={env['flushes_subnormal_result']} jobs={jobs}"
+        f"triton={env['triton']} ftz={env['flushes_subnormal_result']} jobs={jobs} "
+        f"profile={selection.profile if selection.quick_on(lane) else 'full'}"
+        + (f" checks={','.join(c for c in CHECKS if c in selection.checks)}" if selection.checks else "")
     )
     for comp_name, found in subjects.items():
         for subject in found:
@@ -283,8 +310,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             )
     include_baselines = not args.no_baselines and not only_outside
     tasks = plan(
-        comps, lane, subjects=subjects, include_fast=not only_outside, include_baselines=include_baselines
+        comps,
+        lane,
+        subjects=subjects,
+        include_fast=not only_outside,
+        include_baselines=include_baselines,
+        selection=selection,
     )
+    swept = [c.name for c in comps if lane in c.lanes]
     try:
         with (
             JsonlReport(report_path) as report,
@@ -293,6 +326,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
                 console=console,
                 transient=True,
                 disable=args.no_progress,
@@ -305,14 +340,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                     "jobs": jobs,
                     "max_m": args.max_m,
                     "timeout": _timeout(args, lane),
+                    "profile": selection.profile if selection.quick_on(lane) else "full",
+                    "checks": sorted(selection.checks) if selection.checks else None,
                     "subjects": {c: [s.spec for s in found] for c, found in subjects.items()},
                 },
             )
             bar = progress.add_task("sweep", total=len(tasks))
+            finished: list[str] = []
 
             def on_result(r: CheckResult) -> None:
                 report.check(r)
-                progress.update(bar, advance=1, description=f"{r.component} {r.subject} {r.check}")
+                at = f"[{len(finished) + 1}/{len(swept)}]"
+                progress.update(bar, advance=1, description=f"{at} {r.component}: {r.subject} {r.check}")
                 if r.status in ("fail", "error", "timeout") and not (r.negative_control or r.pin_candidate):
                     who = r.component if r.subject == "fast" else f"{r.component}/{r.subject}"
                     progress.console.print(
@@ -323,11 +362,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                     )
                     _print_repro(progress.console, "  repro: " + r.repro)
 
+            def on_component(name: str, checks: Any, controls: Any) -> None:
+                finished.append(name)
+                _print_repro(progress.console, component_line(name, checks, controls, lane))
+
             outcome = run_sweep(
                 comps,
                 lane,
                 on_result=on_result,
                 on_skip=lambda n: progress.update(bar, advance=n),
+                on_component=on_component,
+                selection=selection,
                 m_limit=args.max_m,
                 include_baselines=include_baselines,
                 jobs=jobs,
@@ -529,6 +574,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from batchinv.harness.profiles import DEFAULT_PROFILE, PROFILES
+    from batchinv.harness.registry import CHECKS
+
     parser = argparse.ArgumentParser(prog="batchinv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -564,6 +612,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", help="JSON-lines report path (default: reports/sweep-<lane>-<time>.jsonl)")
     p.add_argument("--max-m", type=_positive_int, default=None, help="cut the M sweep at this many rows")
     p.add_argument("--no-baselines", action="store_true", help="skip negative controls and pin candidates")
+    p.add_argument(
+        "--profile",
+        choices=list(PROFILES),
+        default=DEFAULT_PROFILE,
+        help=(
+            "which cases: 'quick' (default; on the cpu lane the fast kernel runs every check on the "
+            "component's quick cases, every required negative control runs as in full), or 'full' "
+            "(every case; GPU lanes always run full)"
+        ),
+    )
+    p.add_argument(
+        "--checks",
+        default=None,
+        metavar="CHECK,CHECK",
+        help=f"only these checks, comma-separated ({', '.join(CHECKS)})",
+    )
+    p.add_argument(
+        "--invariance-only",
+        action="store_true",
+        help="every invariance check, no agreement (a kernel knowingly not correctly rounded)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_timeout(p)
     p.add_argument(

@@ -68,6 +68,9 @@ class Difference:
     actual_bits: str
     expected_value: str
     actual_value: str
+    #: what each side is: ("expected", "got") for agreement; for an invariance comparison the
+    #: two launches (``("alone", "in a batch of 17")``), set by ``invariance.compare_outputs``
+    names: tuple[str, str] = ("expected", "got")
 
     @property
     def where(self) -> str:
@@ -75,9 +78,10 @@ class Difference:
         return f"(row {self.row}, col {self.col})"
 
     def __str__(self) -> str:
+        first, second = self.names
         return (
-            f"first difference at (row {self.row}, col {self.col}): expected {self.expected_bits} "
-            f"({self.expected_value}), got {self.actual_bits} ({self.actual_value})"
+            f"first difference at (row {self.row}, col {self.col}): {first} {self.expected_bits} "
+            f"({self.expected_value}), {second} {self.actual_bits} ({self.actual_value})"
         )
 
 

@@ -175,8 +175,11 @@ def _runs(ids: Sequence[int]) -> list[list[int]]:
     return runs
 
 
-def compare_outputs(expected: Outputs, actual: Outputs) -> list[BitwiseReport]:
-    """Bitwise reports of each output pair.
+def compare_outputs(
+    expected: Outputs, actual: Outputs, names: tuple[str, str] | None = None
+) -> list[BitwiseReport]:
+    """Bitwise reports of each output pair; ``names``: which launch each side is (``("alone",
+    "in a batch of 17")``), named in a report's first difference instead of "expected / got".
 
     Raises:
         ContractViolation: another number of outputs, or an output of another dtype or shape:
@@ -189,7 +192,12 @@ def compare_outputs(expected: Outputs, actual: Outputs) -> list[BitwiseReport]:
             raise ContractViolation(
                 f"output {i}: {a.dtype} {tuple(a.shape)}, expected {e.dtype} {tuple(e.shape)} as in the other launch"
             )
-    return [compare_bitwise(e, a) for e, a in zip(expected, actual, strict=True)]
+    reports = [compare_bitwise(e, a) for e, a in zip(expected, actual, strict=True)]
+    if names is not None:
+        for r in reports:
+            if r.first is not None:
+                r.first.names = names
+    return reports
 
 
 def _rows(outputs: Outputs, index: slice | int) -> Outputs:
@@ -260,7 +268,11 @@ def batch_prefix(fn: Impl, batch: Batch, ms: Sequence[int], *, cycle_to: int = 0
         repeats = list(range(n, largest))
         result.record(
             f"M={largest} (case rows cycled: repeats vs first occurrence)",
-            compare_outputs(_select(big, [i % n for i in repeats]), _select(big, repeats)),
+            compare_outputs(
+                _select(big, [i % n for i in repeats]),
+                _select(big, repeats),
+                ("first occurrence", "repeated row"),
+            ),
             [i % n for i in repeats],
         )
     else:
@@ -268,7 +280,8 @@ def batch_prefix(fn: Impl, batch: Batch, ms: Sequence[int], *, cycle_to: int = 0
     for m, rows in launches:
         window = m <= n  # consecutive rows: a slice (m == n: the case itself)
         part = _call(fn, batch.take(slice(rows[0], rows[0] + m) if window else rows))
-        result.record(f"M={m}", compare_outputs(_select(big, rows), part), rows)
+        names = (f"in the launch of {big[0].shape[0]} rows", f"in a launch of {m}")
+        result.record(f"M={m}", compare_outputs(_select(big, rows), part, names), rows)
     return result
 
 
@@ -298,7 +311,10 @@ def position(
             )
             got = _rows(_call(fn, placed), p)
             result.record(
-                f"row {t} at position {p}/{n}", compare_outputs(expected, got), [t], meaningful=n > 1
+                f"row {t} at position {p}/{n}",
+                compare_outputs(expected, got, (f"at position {t}", f"at position {p}")),
+                [t],
+                meaningful=n > 1,
             )
     return result
 
@@ -315,7 +331,9 @@ def row_start(
     expected = _call(fn, batch)
     for off in offsets:
         got = _call(fn, shift(batch, off, generator))
-        result.record(f"row_start+={off}", compare_outputs(expected, got))
+        result.record(
+            f"row_start+={off}", compare_outputs(expected, got, ("at row_start 0", f"at row_start {off}"))
+        )
     return result
 
 
@@ -342,7 +360,9 @@ def partition(
     expected = tuple(o.detach().clone() for o in as_outputs(fn(batch, None)))
     for count in counts:
         got = tuple(o.detach().clone() for o in as_outputs(fn(batch, count)))
-        result.record(f"partitions={count}", compare_outputs(expected, got))
+        result.record(
+            f"partitions={count}", compare_outputs(expected, got, ("default plan", f"{count} partitions"))
+        )
     return result
 
 
@@ -374,7 +394,7 @@ def repeat(
         if batch.num_rows > 1:
             half = max(1, batch.num_rows // 2)
             _call(fn, batch.take(slice(0, half)) if take is None else take(batch, list(range(half))))
-        result.record(f"call {i + 1}", compare_outputs(first, _call(fn, batch)))
+        result.record(f"call {i + 1}", compare_outputs(first, _call(fn, batch), ("call 1", f"call {i + 1}")))
     return result
 
 
@@ -391,7 +411,10 @@ def config_equivalence(fn: Impl, batch: Batch, variants: Mapping[str, Impl]) -> 
     result = DriverResult(vacuous="the component declares no other config for this case")
     expected = _call(fn, batch)
     for name, variant in variants.items():
-        result.record(f"config {name}", compare_outputs(expected, _call(variant, batch)))
+        result.record(
+            f"config {name}",
+            compare_outputs(expected, _call(variant, batch), ("shipped config", f"config {name}")),
+        )
     return result
 
 
@@ -504,7 +527,7 @@ def co_batch(
         expected[t] = (alone_batch, _call(fn, alone_batch))
         result.record(
             f"request {t} in its batch of {n}",
-            compare_outputs(expected[t][1], _rows(full, t)),
+            compare_outputs(expected[t][1], _rows(full, t), ("alone", f"in its batch of {n}")),
             [t],
             meaningful=n > 1,
         )
@@ -520,7 +543,7 @@ def co_batch(
         mixed = model.concat([alone_batch, model.take(pool, _cycled(pool.num_rows, k, g))])
         got = _rows(_call(fn, mixed), 0)
         label = f"request {t} with {k} other{'' if k == 1 else 's'}" + (f" ({mix})" if mix else "")
-        result.record(label, compare_outputs(want, got), [t])
+        result.record(label, compare_outputs(want, got, ("alone", f"in a batch of {k + 1}")), [t])
     return result
 
 
@@ -550,7 +573,11 @@ def slot(
         expected = _rows(_call(fn, at(0)), 0)
         for s in slots:
             got = _rows(_call(fn, at(s)), s)
-            result.record(f"request {t} at slot {s}/{m + 1}", compare_outputs(expected, got), [t])
+            result.record(
+                f"request {t} at slot {s}/{m + 1}",
+                compare_outputs(expected, got, ("at slot 0", f"at slot {s}")),
+                [t],
+            )
     return result
 
 
@@ -564,7 +591,10 @@ def placement(
     expected = _call(fn, batch)
     for i in range(times):
         got = _call(fn, model.relocate(batch, generator))
-        result.record(f"relocation {i + 1}", compare_outputs(expected, got))
+        result.record(
+            f"relocation {i + 1}",
+            compare_outputs(expected, got, ("original placement", f"relocation {i + 1}")),
+        )
     return result
 
 
@@ -611,7 +641,7 @@ def phase(fn: Impl, batch: Batch, model: PhaseModel, targets: Sequence[int], see
             local = [p - piece.first for p in at]
             want = tuple(torch.cat([expected[(piece.request, p)][k] for p in at]) for k in range(len(got)))
             have = tuple(o[local] for o in got)
-            reports = compare_outputs(want, have)
+            reports = compare_outputs(want, have, (plan.base_phase, piece.phase))
             compared.update((piece.request, p) for p in at)
             span = f"position {at[0]}" if len(at) == 1 else f"positions {at[0]}..{at[-1]}"
             label = f"request {piece.request}, {span}: {plan.base_phase} vs {piece.phase}"
@@ -686,7 +716,10 @@ def padding(
         for side in model.sides:
             for amount in amounts:
                 got = _call(fn, model.repad(alone, side, [amount]))
-                result.record(f"request {t}, {side}-padded by {amount}", compare_outputs(want, got), [t])
+                names = ("alone, unpadded", f"{side}-padded by {amount}")
+                result.record(
+                    f"request {t}, {side}-padded by {amount}", compare_outputs(want, got, names), [t]
+                )
             for i, (mix, pool) in enumerate(pools):
                 k = min(pool.num_rows, 3)
                 mixed = requests.concat([alone, requests.take(pool, list(range(k)))])
@@ -695,5 +728,6 @@ def padding(
                     label = f"request {t}, {side}-padded by {amount} with {k} others" + (
                         f" ({mix})" if mix else ""
                     )
-                    result.record(label, compare_outputs(want, got), [t])
+                    names = ("alone, unpadded", f"{side}-padded by {amount} with {k} others")
+                    result.record(label, compare_outputs(want, got, names), [t])
     return result

@@ -231,6 +231,8 @@ class Baseline:
             differ from the pinned kernel's by construction (another library, another formula),
             which is no variance, and a detection there would hide the check that finds its real
             one.
+        caught_by: the checks designed to detect it, tried first by the quick profile (the
+            verdict does not depend on the order; see :mod:`batchinv.harness.profiles`).
     """
 
     name: str
@@ -243,6 +245,11 @@ class Baseline:
     timed: bool = True
     modes: Callable[..., Any] | None = None
     config_control: bool = False
+    #: the checks designed to detect this baseline (its ``why``): the sweep's quick profile tries
+    #: them first, over every case, then the rest -- the same (case, check) pairs as the full
+    #: profile in another order, so the same verdict (a control ends at its first detection).  A
+    #: ``config_control`` baseline is caught by ``config_equivalence`` without saying so.
+    caught_by: tuple[str, ...] = ()
 
     @property
     def is_pin_candidate(self) -> bool:
@@ -555,6 +562,10 @@ class Component:
             the batch's leaves can be spread over (the divisors of its leaf count): it turns on
             the ``tp_degree`` check, which calls the subject with ``tp_degree=T`` for each and
             requires the bits of ``tp_degree=1`` (the single-rank tree).  None: no TP degree.
+        quick_cases: ``quick_cases(lane)`` -> the indices into ``cases(lane)`` of the cases the
+            sweep's ``quick`` profile runs the fast kernel on (:mod:`batchinv.harness.profiles`;
+            index 0, the batch_prefix threshold case, always among them).  None: ``(0,)``.  The
+            ``full`` profile, pytest and the mutants run every case.
     """
 
     name: str
@@ -583,6 +594,7 @@ class Component:
     phase: PhaseModel | None = None
     padding: PaddingModel | None = None
     tp_degrees: Callable[[Batch], tuple[int, ...]] | None = None
+    quick_cases: Callable[[Lane], Sequence[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.checks is not None:

@@ -54,6 +54,7 @@ from batchinv.harness.checks import (
     subject_name,
 )
 from batchinv.harness.lanes import Lane
+from batchinv.harness.profiles import FULL, Selection
 from batchinv.harness.registry import INVARIANCE_CHECKS, Baseline, Component
 from batchinv.harness.subjects import Subject
 
@@ -160,6 +161,10 @@ class SweepOutcome:
     #: Components asked for whose ``lanes`` exclude the sweep's lane: not run, reported as such
     #: ("not run on this lane"), never a pass nor a failure.  Each entry: (name, its lanes).
     not_on_lane: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+    #: the profile the sweep ran (``quick`` cuts cases on the cpu lane only; else ``full``)
+    profile: str = "full"
+    #: the checks selected (``--checks``), None: every applicable check
+    checks_selected: tuple[str, ...] | None = None
 
     @property
     def ok(self) -> bool:
@@ -173,6 +178,8 @@ class SweepOutcome:
             "check_seconds": self.check_seconds,
             "compile": vars(self.compile),
             "jobs": self.jobs,
+            "profile": self.profile,
+            "checks_selected": list(self.checks_selected) if self.checks_selected is not None else None,
             "errors": sum(r.status == "error" for r in self.failures),
             "timeouts": self.timeouts,
             "checks": [vars(c) for c in self.checks],
@@ -212,27 +219,26 @@ def plan(
     subjects: Subjects | None = None,
     include_fast: bool = True,
     include_baselines: bool = True,
+    selection: Selection = FULL,
 ) -> list[Task]:
-    """Every task of a sweep, in order (negative-control tasks may be cut short at run time)."""
+    """Every task of a sweep, in order (negative-control tasks may be cut short at run time);
+    ``selection``: the profile and checks (:mod:`batchinv.harness.profiles`; default: full)."""
     tasks: list[Task] = []
     for comp in components:
         if lane not in comp.lanes:
             continue
-        cases = comp.cases(lane)
-        checks = comp.applicable_checks()
+        checks = selection.fast_checks(comp)
+        fast_cases = selection.fast_cases(comp, lane)
         fast_like: list[SubjectLike] = [FAST] if include_fast else []
         controls: list[SubjectLike] = []
         for subj in (subjects or {}).get(comp.name, ()):
             (controls if subj.is_baseline else fast_like).append(subj)
         for subject in fast_like:
-            tasks += [Task(comp, subject, ch, i) for i in range(len(cases)) for ch in checks]
+            tasks += [Task(comp, subject, ch, i) for i in fast_cases for ch in checks]
         for b in _baselines(comp, lane) if include_baselines else []:
-            b_checks = ("batch_prefix",) if b.is_pin_candidate else _invariance_checks(comp)
-            tasks += [Task(comp, b.name, ch, i) for i in range(len(cases)) for ch in b_checks]
+            tasks += [Task(comp, b.name, ch, i) for ch, i in selection.control_pairs(comp, b, lane)]
         for subject in controls:
-            tasks += [
-                Task(comp, subject, ch, i) for i in range(len(cases)) for ch in _invariance_checks(comp)
-            ]
+            tasks += [Task(comp, subject, ch, i) for ch, i in selection.control_pairs(comp, None, lane)]
     return tasks
 
 
@@ -253,8 +259,12 @@ class Unit:
     component: str
     subject: SubjectLike
     case_index: int | None = None
-    #: a fast-like unit's checks, when not all of them (the rest of a unit whose worker died)
+    #: the unit's checks, when not all of them (a profile's selection; the rest of a fast-like
+    #: unit whose worker died)
     checks: tuple[str, ...] | None = None
+    #: a control's (check, case index) pairs, in the order it runs them (None: every case, case
+    #: by case, every invariance check; a pin candidate: batch_prefix)
+    pairs: tuple[tuple[str, int], ...] | None = None
 
 
 def _units(
@@ -263,18 +273,28 @@ def _units(
     include_baselines: bool,
     subjects: Subjects | None = None,
     include_fast: bool = True,
+    selection: Selection = FULL,
 ) -> list[Unit]:
-    """Controls first (a control runs its cases one after another, the longest chains), then
-    each case of the fast kernel and of each outside subject checked like it."""
+    """Component by component (so each finishes, and is printed, as early as it can): its
+    controls first (a control runs its cases one after another, the longest chains), then each
+    case of the fast kernel and of each outside subject checked like it."""
     units: list[Unit] = []
     outside = {c.name: list((subjects or {}).get(c.name, ())) for c in components}
-    if include_baselines:
-        units += [Unit(c.name, b.name) for c in components for b in _baselines(c, lane)]
-    units += [Unit(c.name, s) for c in components for s in outside[c.name] if s.is_baseline]
     for c in components:
+        if include_baselines:
+            units += [
+                Unit(c.name, b.name, None, None, selection.control_pairs(c, b, lane))
+                for b in _baselines(c, lane)
+            ]
+        units += [
+            Unit(c.name, s, None, None, selection.control_pairs(c, None, lane))
+            for s in outside[c.name]
+            if s.is_baseline
+        ]
         fast_like: list[SubjectLike] = [FAST] if include_fast else []
         fast_like += [s for s in outside[c.name] if not s.is_baseline]
-        units += [Unit(c.name, s, i) for s in fast_like for i in range(len(c.cases(lane)))]
+        checks = selection.fast_checks(c)
+        units += [Unit(c.name, s, i, checks) for s in fast_like for i in selection.fast_cases(c, lane)]
     return units
 
 
@@ -284,18 +304,21 @@ def run_unit(
     """The results of one unit, in order (a control ends at its first detection, crash or
     timeout).  ``timeout``: the limit on one subject call (see :func:`run_check`)."""
     subject = unit.subject.loaded() if isinstance(unit.subject, Subject) else unit.subject
+    all_cases = comp.cases(lane)
     if unit.case_index is not None:
-        case = comp.cases(lane)[unit.case_index]
+        case = all_cases[unit.case_index]
         checks = unit.checks if unit.checks is not None else comp.applicable_checks()
         return [run_check(comp, subject, ch, case, lane, m_limit=m_limit, timeout=timeout) for ch in checks]
+    pairs = None if unit.pairs is None else [(ch, all_cases[i]) for ch, i in unit.pairs]
     if isinstance(subject, Subject):
-        return list(control_results(comp, subject, lane, m_limit=m_limit, timeout=timeout))
+        return list(control_results(comp, subject, lane, m_limit=m_limit, timeout=timeout, pairs=pairs))
     baseline = comp.baseline(subject)
     if baseline.is_pin_candidate:  # one subprocess for every case; where it varies is the finding
-        return run_checks(
-            comp, baseline.name, "batch_prefix", comp.cases(lane), lane, m_limit=m_limit, timeout=timeout
-        )
-    return list(control_results(comp, baseline.name, lane, m_limit=m_limit, timeout=timeout))
+        cases = all_cases if pairs is None else [case for ch, case in pairs if ch == "batch_prefix"]
+        if not cases:
+            return []
+        return run_checks(comp, baseline.name, "batch_prefix", cases, lane, m_limit=m_limit, timeout=timeout)
+    return list(control_results(comp, baseline.name, lane, m_limit=m_limit, timeout=timeout, pairs=pairs))
 
 
 # --- worker processes -------------------------------------------------------------------------
@@ -409,6 +432,8 @@ def _planned(comp: Component, unit: Unit, lane: Lane) -> list[tuple[str, int]]:
     cases = range(len(comp.cases(lane)))
     if unit.case_index is not None:
         return [(ch, unit.case_index) for ch in (unit.checks or comp.applicable_checks())]
+    if unit.pairs is not None:
+        return list(unit.pairs)
     if isinstance(unit.subject, str) and comp.baseline(unit.subject).is_pin_candidate:
         return [("batch_prefix", i) for i in cases]
     return [(ch, i) for i in cases for ch in _invariance_checks(comp)]
@@ -512,7 +537,9 @@ def _execute(
         workers[slot] = start(slot)
         if rest:  # the unit's other checks still run, in the new worker
             u = job.unit
-            queue.appendleft(_Job(job.index, Unit(u.component, u.subject, u.case_index, tuple(rest))))
+            queue.appendleft(
+                _Job(job.index, Unit(u.component, u.subject, u.case_index, tuple(rest), u.pairs))
+            )
             return None
         return units[job.index], collected.pop(job.index), compile_stats.CompileStats()
 
@@ -523,7 +550,7 @@ def _execute(
                     w.job = queue.popleft()
                     u = w.job.unit
                     sent = (
-                        Unit(u.component, u.subject.without_fn(), u.case_index, u.checks)
+                        Unit(u.component, u.subject.without_fn(), u.case_index, u.checks, u.pairs)
                         if isinstance(u.subject, Subject)
                         else u
                     )
@@ -622,9 +649,14 @@ def run_sweep(
     subjects: Subjects | None = None,
     include_fast: bool = True,
     timeout: float | None = None,
+    selection: Selection = FULL,
+    on_component: Callable[[str, list[CheckSummary], list[ControlSummary]], None] = lambda n, c, k: None,
 ) -> SweepOutcome:
     """Run the sweep; ``on_result`` sees every result as it is made, ``on_skip`` is told how many
-    planned tasks a detected negative control made unnecessary (for the progress bar).
+    planned tasks a detected negative control made unnecessary (for the progress bar),
+    ``on_component`` gets each component's name, check summaries and control summaries as soon
+    as its last unit is done.  ``selection``: the profile and the checks
+    (:mod:`batchinv.harness.profiles`; default: the full profile, every check).
 
     ``subjects``: outside subjects per component name (:class:`Subject`), each checked like the
     fast kernel (agreement and every invariance check) or, with role ``baseline``, run as a
@@ -652,7 +684,7 @@ def run_sweep(
             (s.name, s.target or "") for s in outside if not s.is_baseline
         ]
         for name, target in fast_like:
-            for ch in comp.applicable_checks():
+            for ch in selection.fast_checks(comp):
                 checks[(comp.name, name, ch)] = CheckSummary(
                     comp.name, ch, subject=name, subject_target=target
                 )
@@ -668,9 +700,9 @@ def run_sweep(
                 )
     failures: list[CheckResult] = []
     stats = compile_stats.CompileStats()
-    for unit, results, unit_stats in _execute(
-        by_name, _units(comps, lane, include_baselines, subjects, include_fast), lane, m_limit, jobs, timeout
-    ):
+    units = _units(comps, lane, include_baselines, subjects, include_fast, selection)
+    left = {c.name: sum(u.component == c.name for u in units) for c in comps}
+    for unit, results, unit_stats in _execute(by_name, units, lane, m_limit, jobs, timeout):
         stats = stats + unit_stats
         comp = by_name[unit.component]
         name = subject_name(unit.subject)
@@ -680,18 +712,26 @@ def run_sweep(
                 checks[(comp.name, name, r.check)].add(r)
                 if r.status in ("fail", "error", TIMEOUT):
                     failures.append(r)
-            continue
-        baseline = comp.baseline(name) if isinstance(unit.subject, str) else None
-        ctrl = controls[(comp.name, name)]
-        pin = baseline is not None and baseline.is_pin_candidate
-        planned = len(comp.cases(lane)) * (1 if pin else len(_invariance_checks(comp)))
-        _fold_control(ctrl, name, pin, results, checks, on_result)
-        on_skip(planned - len(results))
-        if ctrl.verdict == "inconclusive":
-            if pin:
-                ctrl.verdict = "invariant"
-            elif any(r.m_cut for r in results):
-                ctrl.verdict = f"not reached (--max-m {m_limit})"
+        else:
+            baseline = comp.baseline(name) if isinstance(unit.subject, str) else None
+            ctrl = controls[(comp.name, name)]
+            pin = baseline is not None and baseline.is_pin_candidate
+            _fold_control(ctrl, name, pin, results, checks, on_result)
+            on_skip(len(_planned(comp, unit, lane)) - len(results))
+            if ctrl.verdict == "inconclusive":
+                if pin and results:
+                    ctrl.verdict = "invariant"
+                elif any(r.m_cut for r in results):
+                    ctrl.verdict = f"not reached (--max-m {m_limit})"
+                elif selection.checks_cut(comp, baseline):
+                    ctrl.verdict = "not reached (--checks)"
+        left[comp.name] -= 1
+        if not left[comp.name]:
+            on_component(
+                comp.name,
+                [c for c in checks.values() if c.component == comp.name],
+                [c for c in controls.values() if c.component == comp.name],
+            )
     return SweepOutcome(
         list(checks.values()),
         list(controls.values()),
@@ -700,6 +740,8 @@ def run_sweep(
         compile=stats,
         jobs=jobs,
         not_on_lane=not_on_lane(components, lane),
+        profile=selection.profile if selection.quick_on(lane) else "full",
+        checks_selected=tuple(sorted(selection.checks)) if selection.checks is not None else None,
     )
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from batchinv.harness.lanes import Lane
-from batchinv.harness.sweep import SweepOutcome
+from batchinv.harness.sweep import CheckSummary, ControlSummary, SweepOutcome
 
 _STYLE = {
     "pass": "green",
@@ -38,75 +38,98 @@ def _line(console: Any, text: str) -> None:
     console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
+#: The line under the check table that says what its words and numbers mean.
+LEGEND = (
+    "fail (8/9): the check failed on 8 of the 9 cases it ran; reference path: the fast callable "
+    "ran the reference there (outside its kernel's envelope), counted apart, never a pass; skip: "
+    "nothing to compare on this lane; 'negative control detected: X': the check found different "
+    "bits on baseline X, as it must (it has teeth); s: seconds summed over workers"
+)
+
+
+def _status_text(c: CheckSummary) -> str:
+    status = f"[{_STYLE[c.status]}]{c.status}[/]"
+    if c.status in ("fail", "error", "timeout") and c.cases:
+        status += f" ({c.failed + c.errors + c.timeouts}/{c.cases})"
+    if c.reference_path and c.status != "reference path":
+        status += f" [yellow]({c.reference_path} reference path)[/]"
+    if c.skipped and c.status != "skip":
+        status += f" [dim]({c.skipped} skipped)[/]"
+    return status
+
+
+def _notes(c: CheckSummary) -> str:
+    """A check row's notes: what differed (rows, ULP, first difference), the toleranced
+    agreement's worst error over its bound, and the negative controls it detected."""
+    from rich.markup import escape
+
+    parts = []
+    if c.rows_differing:
+        parts.append(f"{c.rows_differing} rows differ")
+    if c.worst_ulp is not None and (c.status != "pass" or c.check == "agreement"):
+        parts.append(f"worst {fmt_ulp(c.worst_ulp)} ULP")
+    if c.worst_bound_ratio is not None:
+        parts.append(f"error/bound {c.worst_bound_ratio:.3g}")
+    if c.first_difference:
+        parts.append("first difference " + escape(c.first_difference[:80]))
+    text = "; ".join(parts)
+    if c.detected_by:
+        detected = (
+            "[green]negative control detected: " + escape(", ".join(dict.fromkeys(c.detected_by))) + "[/]"
+        )
+        text = f"{text}; {detected}" if text else detected
+    return text or "-"
+
+
+def _control_verdict(ctrl: ControlSummary) -> str:
+    from rich.markup import escape
+
+    verdict = ctrl.verdict
+    if ctrl.pin_candidate:
+        return f"[{_VERDICT_STYLE.get(verdict, 'white')}]{verdict}[/] (pin candidate)"
+    if verdict == "inconclusive" and not ctrl.expected_to_vary:
+        return "[dim]inconclusive (not required on this lane)[/]"
+    if verdict.startswith("not reached"):
+        return f"[yellow]{escape(verdict)}[/]"
+    if not ctrl.expected_to_vary:
+        return f"[{_VERDICT_STYLE.get(verdict, 'white')}]{verdict}[/] (not required here)"
+    return f"[{_VERDICT_STYLE.get(verdict, 'white')}]{verdict}[/]"
+
+
 def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str, Any], report: Path) -> int:
-    """Print the tables and the closing lines; return the exit status (0 only if ``outcome.ok``)."""
+    """Print the tables and the closing lines; return the exit status (0 only if ``outcome.ok``).
+
+    The tables fit 80 columns: the check table has a heading row per component (then check,
+    result, cases, seconds, notes), the notes column wraps."""
+    from rich import box
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"batchinv sweep — lane {lane.value} — {env['device']}")
-    numeric = ("rows differing", "worst ULP", "error/bound", "cases", "seconds")
-    for col in (
-        "component",
-        "check",
-        "fast",
-        *numeric[:3],
-        "first difference",
-        "negative control",
-        *numeric[3:],
-    ):
-        table.add_column(col, justify="right" if col in numeric else "left")
+    profile = "" if outcome.profile == "full" else f" — {outcome.profile} profile"
+    table = Table(title=f"batchinv sweep — lane {lane.value} — {env['device']}{profile}", box=box.SIMPLE_HEAD)
+    for col in ("check", "result", "cases", "s", "notes"):
+        table.add_column(col, justify="right" if col in ("cases", "s") else "left", no_wrap=col != "notes")
+    heading = None
     for c in outcome.checks:
-        if c.check == "agreement":
-            nc = "n/a"
-        elif c.detected_by:
-            nc = "[green]fails on " + ", ".join(dict.fromkeys(c.detected_by)) + "[/]"
-        else:
-            nc = "-"
-        status = f"[{_STYLE[c.status]}]{c.status}[/]"
-        if c.status in ("fail", "error", "timeout") and c.cases:
-            status += f" ({c.failed + c.errors + c.timeouts}/{c.cases})"
-        if c.reference_path and c.status != "reference path":
-            status += f" [yellow]({c.reference_path} reference path)[/]"
-        if c.skipped and c.status != "skip":
-            status += f" [dim]({c.skipped} skipped)[/]"
-        table.add_row(
-            escape(c.component if c.subject == "fast" else f"{c.component} ({c.subject})"),
-            c.check,
-            status,
-            str(c.rows_differing),
-            fmt_ulp(c.worst_ulp),
-            "-" if c.worst_bound_ratio is None else f"{c.worst_bound_ratio:.3g}",
-            escape(c.first_difference[:60]) or "-",
-            nc,
-            str(c.cases),
-            f"{c.seconds:.1f}",
-        )
+        who = c.component if c.subject == "fast" else f"{c.component} ({c.subject})"
+        if who != heading:
+            heading = who
+            table.add_row(f"[bold]{escape(who)}[/]", "", "", "", "", end_section=False)
+        table.add_row("  " + c.check, _status_text(c), str(c.cases), f"{c.seconds:.1f}", _notes(c))
     console.print(table)
+    console.print(LEGEND, markup=False, highlight=False)
     if outcome.controls:
-        ctable = Table(title="negative controls and pin candidates")
-        for col in ("component", "baseline", "kind", "verdict", "where", "cases", "seconds"):
-            ctable.add_column(col)
-        for ctrl in outcome.controls:
-            kind = (
-                "pin candidate"
-                if ctrl.pin_candidate
-                else (
-                    "negative control" if ctrl.expected_to_vary else "baseline (variance not required here)"
-                )
+        ctable = Table(title="negative controls and pin candidates", box=box.SIMPLE_HEAD)
+        for col in ("component / baseline", "verdict", "where", "cases", "s"):
+            ctable.add_column(
+                col, justify="right" if col in ("cases", "s") else "left", no_wrap=col != "where"
             )
-            verdict = ctrl.verdict
-            if verdict == "inconclusive" and not ctrl.expected_to_vary:
-                verdict_text = "[dim]inconclusive (not required on this lane)[/]"
-            elif verdict.startswith("not reached"):
-                verdict_text = f"[yellow]{escape(verdict)}[/]"
-            else:
-                verdict_text = f"[{_VERDICT_STYLE.get(verdict, 'white')}]{verdict}[/]"
+        for ctrl in outcome.controls:
+            name = f"{ctrl.baseline}={ctrl.subject_target}" if ctrl.subject_target else ctrl.baseline
             ctable.add_row(
-                ctrl.component,
-                escape(f"{ctrl.baseline}={ctrl.subject_target}" if ctrl.subject_target else ctrl.baseline),
-                kind,
-                verdict_text,
-                escape(ctrl.where or ctrl.detail[:100]),
+                escape(f"{ctrl.component} / {name}"),
+                _control_verdict(ctrl),
+                escape(ctrl.where or ctrl.detail[:100]) or "-",
                 str(ctrl.cases),
                 f"{ctrl.seconds:.1f}",
             )
@@ -143,6 +166,7 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
         )
     _line(console, time_line(outcome))
     _line(console, f"report: {report}")
+    _line(console, counts_line(outcome))
     if outcome.ok:
         console.print("[green]OK[/]")
         return 0
@@ -169,3 +193,59 @@ def time_line(outcome: SweepOutcome) -> str:
         f"compile {stats.seconds:.1f} s in {stats.compilations} compilations "
         f"({share:.0f}% of check time; {stats.cache_hits} cache hits)"
     )
+
+
+def counts_line(outcome: SweepOutcome) -> str:
+    """The sweep's closing counts: ``checks: 95 passed, 1 failed, 2 skipped, 0 reference path
+    (of 98 component x check); negative controls: 34/34 required detected``.  A (component,
+    check) counts once, by its status over its cases; ``failed`` includes errors and timeouts."""
+    status = [c.status for c in outcome.checks]
+    failed = sum(s in ("fail", "error", "timeout") for s in status)
+    broke = [
+        f"{n} {w}" for w, n in (("errors", status.count("error")), ("timeouts", status.count("timeout"))) if n
+    ]
+    required = [c for c in outcome.controls if c.expected_to_vary and not c.pin_candidate]
+    detected = sum(c.verdict == "detected" for c in required)
+    others = [c for c in outcome.controls if not c.expected_to_vary and not c.pin_candidate]
+    pins = [c for c in outcome.controls if c.pin_candidate]
+    not_reached = sum(c.verdict.startswith("not reached") for c in required)
+    text = (
+        f"counts: checks {status.count('pass')} passed, {failed} failed"
+        + (f" ({', '.join(broke)})" if broke else "")
+        + f", {status.count('skip')} skipped, {status.count('reference path')} reference path"
+        f" (of {len(status)} component x check); negative controls {detected}/{len(required)} required detected"
+    )
+    if not_reached:
+        text += f" ({not_reached} not reached)"
+    if others:
+        text += f", {sum(c.verdict == 'detected' for c in others)}/{len(others)} not required detected"
+    if pins:
+        text += f"; pin candidates {sum(c.verdict == 'invariant' for c in pins)}/{len(pins)} invariant"
+    return text
+
+
+def component_line(name: str, checks: list[CheckSummary], controls: list[ControlSummary], lane: Lane) -> str:
+    """One line when a component finishes: its checks' verdicts and its controls' (plain text).
+
+    ``mean: agreement pass, batch_prefix pass, ...; controls: triton_rows_heuristic detected
+    (batch_prefix), torch_native inconclusive (not required) [41.2 s]``."""
+    parts = []
+    for c in checks:
+        who = "" if c.subject == "fast" else f"{c.subject} "
+        status = c.status
+        if status in ("fail", "error", "timeout") and c.cases:
+            status += f" ({c.failed + c.errors + c.timeouts}/{c.cases})"
+        parts.append(f"{who}{c.check} {status}")
+    text = f"{name}: " + ", ".join(parts)
+    words = []
+    for ctrl in controls:
+        verdict = ctrl.verdict
+        if verdict in ("detected", "varies") and ctrl.where:
+            verdict += f" ({ctrl.where.split(' ', 1)[0]})"
+        elif verdict == "inconclusive" and not ctrl.expected_to_vary:
+            verdict += " (not required)"
+        words.append(f"{ctrl.baseline} {verdict}")
+    if words:
+        text += "; controls: " + ", ".join(words)
+    seconds = sum(c.seconds for c in checks) + sum(c.seconds for c in controls)
+    return text + f" [{seconds:.1f} s]"

@@ -284,6 +284,7 @@ def assert_subject(
     (:func:`batchinv.harness.plugin.record`: the test's ``user_properties``, and its
     ``--batchinv-report`` row).
     """
+    __tracebackhide__ = True  # a failure shows the test's line and the check's message, not this frame
     import pytest
 
     from batchinv.harness.plugin import record
@@ -317,6 +318,7 @@ def assert_varies(
     """
     from batchinv.harness.plugin import record
 
+    __tracebackhide__ = True  # a failure shows the test's line and the message, not this frame
     report = check_subject(
         component, fn, lane=lane, name=name, adapter=adapter, role="baseline", m_limit=m_limit
     )

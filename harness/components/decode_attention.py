@@ -695,6 +695,7 @@ COMPONENT = Component(
             "a separately tuned verify path: q_len > 1 launches use twice decode's split size, so a "
             "token's split boundaries and merge tree depend on the phase that computes it (decode "
             "q_len 1 vs speculative verify); invariant along the batch, caught by the phase check",
+            caught_by=("phase",),
         ),
     ),
     cases=cases,
@@ -724,4 +725,7 @@ COMPONENT = Component(
     bench_bytes=bench_bytes,
     requests=PAGED.model(neighbours=neighbours),
     phase=DecodePhaseModel(split_tokens),
+    # the quick profile: case 0 is one request of q_len 1, where the phase check has no other
+    # phase to compare (a skip); case 1 (three requests) gives it rows to re-launch
+    quick_cases=lambda lane: (0, 1),
 )

@@ -158,7 +158,9 @@ def on_path(site: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _cli(site: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
-        [sys.executable, "-m", "batchinv.harness.cli", *args, "--lane", "cpu"],
+        # sweeps run every case (--profile full), as these tests' expectations were written for
+        [sys.executable, "-m", "batchinv.harness.cli", *args, "--lane", "cpu"]
+        + (["--profile", "full"] if args[:1] == ("sweep",) else []),
         capture_output=True,
         text=True,
         env=env,
@@ -478,3 +480,7 @@ def test_a_users_pytest_file_runs_with_the_helpers(site, tmp_path):
     assert "failed" in p.stdout and " passed" in p.stdout
     assert "test_invariant" not in "\n".join(ln for ln in p.stdout.splitlines() if ln.startswith("FAILED"))
     assert any(ln.startswith("FAILED test_mine.py::test_varies") for ln in p.stdout.splitlines())
+    # the failure shows the user's test line and the check's message, not the helper's source
+    # (``__tracebackhide__`` in batchinv.harness.testing)
+    assert "testing.assert_subject(point, varies)" in p.stdout and "repro: batchinv repro" in p.stdout
+    assert "harness/testing.py" not in p.stdout and "def assert_subject" not in p.stdout, p.stdout

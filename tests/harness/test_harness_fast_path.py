@@ -163,6 +163,8 @@ def test_cli_table_shows_reference_path_counts(monkeypatch, tmp_path, capsys):
             "cpu",
             "--no-progress",
             "--no-baselines",
+            "--profile",
+            "full",
             "--jobs",
             "1",
             "--report",

@@ -234,6 +234,8 @@ def test_sweep_workers_survive_a_segfault_and_a_hang(tmp_path: Path):
         "--subject",
         "unruly=unruly_subjects:unruly",
         "--no-entry-points",
+        "--profile",
+        "full",
         "--jobs",
         "2",
         "--timeout",
