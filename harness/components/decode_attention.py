@@ -6,9 +6,9 @@ The registry entry, :data:`COMPONENT`, is at the end: a request-level component 
 ``RequestModel`` is :data:`PAGED`'s take / concat / relocate and :func:`neighbours`), checked for
 agreement, co_batch, slot, placement, phase (decode steps vs speculative verifies of the same
 positions: :class:`~batchinv.harness.phases.DecodePhaseModel`) and repeat.  co_batch puts each
-target request among other requests of four length mixes (:func:`neighbours`: long, short, equal,
-and one huge, 2x the case's longest context on the cpu lane, 4x on GPU lanes), one mix per
-(target, co-batch size) pair.
+target request among other requests of four length mixes (:func:`neighbours`: long, short, equal
+-- on the cpu lane one split longer than any request of the case -- and one huge, 2x the case's
+longest context on the cpu lane, 4x on GPU lanes), one mix per (target, co-batch size) pair.
 
 A :class:`Batch` of this component holds, per request (``rows``, dim 0 = requests): ``q``
 (R, Q, Hq, D), ``seq_lens`` (R,), ``block_table`` (R, T) and, in sparse cases, ``indices``
@@ -45,9 +45,15 @@ DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.f
 #: ``mixed``: uniform in [Q, longest]; ``equal``: every request at ``longest``;
 #: ``one_huge``: one request at ``longest``, the others short; ``short``: uniform in [Q, Q + 16];
 #: ``merge_order``: the order-exact design (:func:`_merge_order_kv`): every request at
-#: ``MERGE_SPLITS`` splits of the lane's ``split_tokens`` (``longest`` is not used).
-LENGTH_KINDS: tuple[str, ...] = ("edges", "mixed", "equal", "one_huge", "short", "merge_order")
+#: ``MERGE_SPLITS`` splits of the lane's ``split_tokens`` (``longest`` is not used);
+#: ``ladder``: request r at ``ceil(longest (r + 1) / R)``: lengths stepping up to ``longest``, so
+#: the case's own batch holds requests of few splits beside one of many.
+LENGTH_KINDS: tuple[str, ...] = ("edges", "mixed", "equal", "one_huge", "short", "merge_order", "ladder")
 EDGE_LENGTHS: tuple[int, ...] = (1, 2, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 95, 96, 97)
+#: The cpu lane's ``ladder`` case's longest request: 6 splits of the interpreter's 32 slots, its
+#: batch's others 2 and 4 (54 and 108 slots): a split plan drawn from the launch's longest request
+#: past 4 splits changes the shorter requests' bits inside their own batch, whatever the neighbours.
+LADDER_LONGEST = 161
 
 
 def _case(**axes: Any) -> Case:
@@ -71,6 +77,7 @@ def cases(lane: Lane) -> list[Case]:
             (9, 2, 4, 1, 16, "edges", 40, "float16"),
             (3, 1, 4, 1, 16, "merge_order", 0, "bfloat16"),  # (longest: its neighbours' scale)
             (2, 2, 2, 2, 16, "merge_order", 0, "float16"),
+            (3, 1, 4, 1, 16, "ladder", 0, "bfloat16"),  # (longest: LADDER_LONGEST)
         ):
             out.append(
                 _case(
@@ -82,7 +89,7 @@ def cases(lane: Lane) -> list[Case]:
                     page_size=16,
                     dtype=dtype,
                     lengths=lengths,
-                    longest=97,
+                    longest=LADDER_LONGEST if lengths == "ladder" else 97,
                     sparse_k=sparse_k,
                 )
             )
@@ -176,6 +183,8 @@ def _lengths(
         return short
     if kind == "short":
         return [int(v) for v in torch.randint(q_len, q_len + 17, (count,), generator=gen)]
+    if kind == "ladder":
+        return [max(q_len, -(-longest * (r + 1) // count)) for r in range(count)]
     raise ValueError(f"lengths: expected one of {LENGTH_KINDS}, got {kind!r}")
 
 
@@ -412,27 +421,54 @@ HUGE_CAP = 16384
 #: The longest context of the ``long`` and ``equal`` mixes (GPU cases reach 32768 on their own:
 #: eight such neighbours per check made the GPU sweep's co_batch and slot checks its slowest).
 NEIGHBOUR_LONGEST_CAP = 4096
+#: The ``equal`` mix's length on the cpu lane: one slot past the last whole split of the case's
+#: longest request, so each of its requests has one split more than any request of the case (5
+#: of the interpreter's 32 slots beside the 97-slot and 4-split cases).  On the cpu lane the pairs
+#: are few (3 sizes x 3 targets dealt over 4 mixes): without it only the ``one_huge`` mix, in a
+#: size-1 or -2 draw that happened to hold its huge request, put a target among more splits than
+#: its own batch has, and a split plan keyed on the launch's split count past 4 was caught by
+#: that one pair.  GPU lanes keep ``longest`` (their co-batches of 31 and 255 hold every mix).
+EQUAL_EXTRA_SPLIT: dict[bool, bool] = {True: False, False: True}
 #: Requests per neighbour case (at least the case's R), by lane (GPU: True): co-batches larger
 #: than a mix cycle its requests.  Four on the cpu lane: slot launches the whole mix five times
 #: per target, and the interpreter's cost grows with every request (slot was half the cpu sweep).
 NEIGHBOUR_REQUESTS: dict[bool, int] = {True: 8, False: 4}
 
 
+def _longest_request(axes: dict[str, Any], split_tokens: int) -> int:
+    """The longest length a request of a case with ``axes`` can have."""
+    kind = axes["lengths"]
+    if kind == "merge_order":
+        return MERGE_SPLITS * split_tokens
+    if kind == "edges":
+        return max(int(axes["Q"]), max(EDGE_LENGTHS))
+    if kind == "short":
+        return int(axes["Q"]) + 16
+    return int(axes["longest"])
+
+
 def neighbours(case: Case, lane: Lane) -> dict[str, Case]:
     """The other requests of the co_batch and slot checks, one case per length mix, each with
     ``case``'s shape axes (Q, Hq, Hkv, D, page_size, dtype, sparse_k) and a seed derived from
     its seed: ``long`` (uniform in [Q, longest]), ``short`` (uniform in [Q, Q + 16]), ``equal``
-    (every request at ``longest``) and ``one_huge`` (short ones and one at :data:`HUGE_FACTOR`
-    times ``longest``, at most :data:`HUGE_CAP`); ``longest`` capped at
+    (every request at ``longest``; on the cpu lane at one slot past the last whole split of the
+    case's longest request: :data:`EQUAL_EXTRA_SPLIT`) and ``one_huge`` (short ones and one at
+    :data:`HUGE_FACTOR` times ``longest``, at most :data:`HUGE_CAP`); ``longest`` capped at
     :data:`NEIGHBOUR_LONGEST_CAP` for the ``long`` and ``equal`` mixes."""
+    from batchinv.fast.decode_attention import decode_attention_config
+
     a = dict(case.axes)
     r_count = max(int(a["R"]), NEIGHBOUR_REQUESTS[lane.is_gpu])
     longest = min(int(a["longest"]), NEIGHBOUR_LONGEST_CAP)
     huge = max(longest, min(int(a["longest"]) * HUGE_FACTOR[lane.is_gpu], HUGE_CAP))
+    equal = longest
+    if EQUAL_EXTRA_SPLIT[lane.is_gpu]:
+        split = decode_attention_config("interp", int(a["D"]), DTYPES[a["dtype"]]).split_tokens
+        equal = min(-(-_longest_request(a, split) // split) * split + 1, NEIGHBOUR_LONGEST_CAP)
     kinds = {
         "long": ("mixed", longest),
         "short": ("short", longest),
-        "equal": ("equal", longest),
+        "equal": ("equal", equal),
         "one_huge": ("one_huge", huge),
     }
     out = {}
