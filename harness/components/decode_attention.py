@@ -46,14 +46,23 @@ DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.f
 #: ``one_huge``: one request at ``longest``, the others short; ``short``: uniform in [Q, Q + 16];
 #: ``merge_order``: the order-exact design (:func:`_merge_order_kv`): every request at
 #: ``MERGE_SPLITS`` splits of the lane's ``split_tokens`` (``longest`` is not used);
-#: ``ladder``: request r at ``ceil(longest (r + 1) / R)``: lengths stepping up to ``longest``, so
-#: the case's own batch holds requests of few splits beside one of many.
-LENGTH_KINDS: tuple[str, ...] = ("edges", "mixed", "equal", "one_huge", "short", "merge_order", "ladder")
+#: ``merge_order_long``: every request but the last as in ``merge_order``, the last at ``longest``
+#: with random KV (more splits than the others: the case's own batch holds both).
+LENGTH_KINDS: tuple[str, ...] = (
+    "edges",
+    "mixed",
+    "equal",
+    "one_huge",
+    "short",
+    "merge_order",
+    "merge_order_long",
+)
 EDGE_LENGTHS: tuple[int, ...] = (1, 2, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 95, 96, 97)
-#: The cpu lane's ``ladder`` case's longest request: 6 splits of the interpreter's 32 slots, its
-#: batch's others 2 and 4 (54 and 108 slots): a split plan drawn from the launch's longest request
-#: past 4 splits changes the shorter requests' bits inside their own batch, whatever the neighbours.
-LADDER_LONGEST = 161
+#: The long request of the cpu lane's ``merge_order_long`` case: 6 splits of the interpreter's 32
+#: slots beside an order-exact request of 4, so a split plan drawn from the launch's longest
+#: request past 4 splits changes the order-exact requests' bits inside their own batch, whatever
+#: the neighbours (random KV would show it only by chance: o rounds to 16 bits, few lse values).
+MERGE_ORDER_LONG = 161
 
 
 def _case(**axes: Any) -> Case:
@@ -77,7 +86,7 @@ def cases(lane: Lane) -> list[Case]:
             (9, 2, 4, 1, 16, "edges", 40, "float16"),
             (3, 1, 4, 1, 16, "merge_order", 0, "bfloat16"),  # (longest: its neighbours' scale)
             (2, 2, 2, 2, 16, "merge_order", 0, "float16"),
-            (3, 1, 4, 1, 16, "ladder", 0, "bfloat16"),  # (longest: LADDER_LONGEST)
+            (2, 1, 4, 1, 16, "merge_order_long", 0, "float16"),  # (longest: MERGE_ORDER_LONG)
         ):
             out.append(
                 _case(
@@ -89,7 +98,7 @@ def cases(lane: Lane) -> list[Case]:
                     page_size=16,
                     dtype=dtype,
                     lengths=lengths,
-                    longest=LADDER_LONGEST if lengths == "ladder" else 97,
+                    longest=MERGE_ORDER_LONG if lengths == "merge_order_long" else 97,
                     sparse_k=sparse_k,
                 )
             )
@@ -170,6 +179,8 @@ def _lengths(
 ) -> list[int]:
     if kind == "merge_order":
         return [MERGE_SPLITS * split_tokens] * count
+    if kind == "merge_order_long":
+        return [MERGE_SPLITS * split_tokens] * (count - 1) + [longest] * min(count, 1)
     if kind == "edges":
         return [max(q_len, EDGE_LENGTHS[(seed + r) % len(EDGE_LENGTHS)]) for r in range(count)]
     if kind == "mixed":
@@ -183,8 +194,6 @@ def _lengths(
         return short
     if kind == "short":
         return [int(v) for v in torch.randint(q_len, q_len + 17, (count,), generator=gen)]
-    if kind == "ladder":
-        return [max(q_len, -(-longest * (r + 1) // count)) for r in range(count)]
     raise ValueError(f"lengths: expected one of {LENGTH_KINDS}, got {kind!r}")
 
 
@@ -291,7 +300,7 @@ def build(case: Case, device: torch.device) -> Batch:
     gen = torch.Generator().manual_seed(case.seed)
     dtype = DTYPES[a["dtype"]]
     r_count, q_len, hq, hkv, d, page_size = a["R"], a["Q"], a["Hq"], a["Hkv"], a["D"], a["page_size"]
-    merge_order = a["lengths"] == "merge_order"
+    merge_order = a["lengths"] in ("merge_order", "merge_order_long")
     split_tokens = decode_attention_config(arch(device), d, dtype).split_tokens if merge_order else 0
     lens = _lengths(a["lengths"], r_count, q_len, a["longest"], case.seed, gen, split_tokens)
     need = pages_needed(lens, page_size)
@@ -309,8 +318,9 @@ def build(case: Case, device: torch.device) -> Batch:
         table[r, : need[r]] = ids
         k_cache[ids] = torch.randn(need[r], page_size, hkv, d, generator=gen).to(dtype)
         v_cache[ids] = torch.randn(need[r], page_size, hkv, d, generator=gen).to(dtype)
-    if merge_order:
-        _merge_order_kv(k_cache, v_cache, table, lens, split_tokens, gen)
+    if merge_order:  # merge_order_long: all but the last request
+        designed = lens if a["lengths"] == "merge_order" else lens[:-1]
+        _merge_order_kv(k_cache, v_cache, table, designed, split_tokens, gen)
     nan_tails(k_cache, table, lens)
     nan_tails(v_cache, table, lens)
     rows: dict[str, torch.Tensor] = {
@@ -370,7 +380,7 @@ def build_on_device(case: Case, device: torch.device) -> Batch:
     dev_gen = torch.Generator(device=device).manual_seed(case.seed)
     dtype = DTYPES[a["dtype"]]
     r_count, q_len, hq, hkv, d, page_size = a["R"], a["Q"], a["Hq"], a["Hkv"], a["D"], a["page_size"]
-    if a["lengths"] == "merge_order":
+    if a["lengths"] in ("merge_order", "merge_order_long"):
         raise ValueError("fill='device': merge_order cases are built on the host (build)")
     lens = _lengths(a["lengths"], r_count, q_len, a["longest"], case.seed, gen, 0)
     need = pages_needed(lens, page_size)
@@ -422,8 +432,8 @@ HUGE_CAP = 16384
 #: eight such neighbours per check made the GPU sweep's co_batch and slot checks its slowest).
 NEIGHBOUR_LONGEST_CAP = 4096
 #: The ``equal`` mix's length on the cpu lane: one slot past the last whole split of the case's
-#: longest request, so each of its requests has one split more than any request of the case (5
-#: of the interpreter's 32 slots beside the 97-slot and 4-split cases).  On the cpu lane the pairs
+#: longest request, so each of its requests has one split more than any request of the case (129
+#: slots, 5 splits of the interpreter's 32, beside the 97-slot and 4-split cases).  On the cpu lane the pairs
 #: are few (3 sizes x 3 targets dealt over 4 mixes): without it only the ``one_huge`` mix, in a
 #: size-1 or -2 draw that happened to hold its huge request, put a target among more splits than
 #: its own batch has, and a split plan keyed on the launch's split count past 4 was caught by
@@ -440,6 +450,8 @@ def _longest_request(axes: dict[str, Any], split_tokens: int) -> int:
     kind = axes["lengths"]
     if kind == "merge_order":
         return MERGE_SPLITS * split_tokens
+    if kind == "merge_order_long":
+        return max(MERGE_SPLITS * split_tokens, int(axes["longest"]))
     if kind == "edges":
         return max(int(axes["Q"]), max(EDGE_LENGTHS))
     if kind == "short":

@@ -588,7 +588,7 @@ def test_merge_order_envelope_is_found_from_the_data(seed):
 @pytest.mark.cpu
 def test_random_cases_hold_nothing_bitwise():
     for case in component.cases(Lane.CPU):
-        if case.axes["lengths"] != "merge_order" and case.axes["D"] == 16:
+        if case.axes["lengths"] not in ("merge_order", "merge_order_long") and case.axes["D"] == 16:
             batch = component.build(case, torch.device("cpu"))
             assert not component.exact(batch, reference(**batch.kwargs()))[0].any(), case.id
 

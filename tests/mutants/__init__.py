@@ -437,9 +437,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "the launcher doubles split_tokens when a request of the launch needs more than 4 splits "
         "(a long-context bucket keyed on the launch): a request's splits depend on its neighbours",
         ("co_batch",),
-        # the order-exact cases beside the equal mix (one split past theirs), the ladder case
-        # inside its own batch (54 and 108 slots beside 161)
-        every_case=lambda case: case.axes["lengths"] in ("merge_order", "ladder"),
+        # the order-exact cases: beside the equal mix (one split past theirs), and inside their
+        # own batch beside a 161-slot request (merge_order_long)
+        every_case=lambda case: case.axes["lengths"] in ("merge_order", "merge_order_long"),
         independent=2,
     ),
     Mutant(
@@ -449,7 +449,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "the launcher grows split_tokens (whole chunks) until the launch's longest request has at "
         "most 4 splits (a fixed split dimension of the grid): the split size comes from the neighbours",
         ("co_batch",),
-        every_case=lambda case: case.axes["lengths"] in ("merge_order", "ladder"),
+        every_case=lambda case: case.axes["lengths"] in ("merge_order", "merge_order_long"),
         independent=2,
     ),
     Mutant(
