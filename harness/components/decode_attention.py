@@ -6,9 +6,9 @@ The registry entry, :data:`COMPONENT`, is at the end: a request-level component 
 ``RequestModel`` is :data:`PAGED`'s take / concat / relocate and :func:`neighbours`), checked for
 agreement, co_batch, slot, placement, phase (decode steps vs speculative verifies of the same
 positions: :class:`~batchinv.harness.phases.DecodePhaseModel`) and repeat.  co_batch puts each
-target request among other requests of four length mixes (:func:`neighbours`: long, short, equal,
-and one huge, 2x the case's longest context on the cpu lane, 4x on GPU lanes), one mix per
-(target, co-batch size) pair.
+target request among other requests of four length mixes (:func:`neighbours`: long, short, equal
+-- on the cpu lane one split longer than any request of the case -- and one huge, 2x the case's
+longest context on the cpu lane, 4x on GPU lanes), one mix per (target, co-batch size) pair.
 
 A :class:`Batch` of this component holds, per request (``rows``, dim 0 = requests): ``q``
 (R, Q, Hq, D), ``seq_lens`` (R,), ``block_table`` (R, T) and, in sparse cases, ``indices``
@@ -45,9 +45,24 @@ DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.f
 #: ``mixed``: uniform in [Q, longest]; ``equal``: every request at ``longest``;
 #: ``one_huge``: one request at ``longest``, the others short; ``short``: uniform in [Q, Q + 16];
 #: ``merge_order``: the order-exact design (:func:`_merge_order_kv`): every request at
-#: ``MERGE_SPLITS`` splits of the lane's ``split_tokens`` (``longest`` is not used).
-LENGTH_KINDS: tuple[str, ...] = ("edges", "mixed", "equal", "one_huge", "short", "merge_order")
+#: ``MERGE_SPLITS`` splits of the lane's ``split_tokens`` (``longest`` is not used);
+#: ``merge_order_long``: every request but the last as in ``merge_order``, the last at ``longest``
+#: with random KV (more splits than the others: the case's own batch holds both).
+LENGTH_KINDS: tuple[str, ...] = (
+    "edges",
+    "mixed",
+    "equal",
+    "one_huge",
+    "short",
+    "merge_order",
+    "merge_order_long",
+)
 EDGE_LENGTHS: tuple[int, ...] = (1, 2, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 95, 96, 97)
+#: The long request of the cpu lane's ``merge_order_long`` case: 6 splits of the interpreter's 32
+#: slots beside an order-exact request of 4, so a split plan drawn from the launch's longest
+#: request past 4 splits changes the order-exact requests' bits inside their own batch, whatever
+#: the neighbours (random KV would show it only by chance: o rounds to 16 bits, few lse values).
+MERGE_ORDER_LONG = 161
 
 
 def _case(**axes: Any) -> Case:
@@ -71,6 +86,7 @@ def cases(lane: Lane) -> list[Case]:
             (9, 2, 4, 1, 16, "edges", 40, "float16"),
             (3, 1, 4, 1, 16, "merge_order", 0, "bfloat16"),  # (longest: its neighbours' scale)
             (2, 2, 2, 2, 16, "merge_order", 0, "float16"),
+            (2, 1, 4, 1, 16, "merge_order_long", 0, "float16"),  # (longest: MERGE_ORDER_LONG)
         ):
             out.append(
                 _case(
@@ -82,7 +98,7 @@ def cases(lane: Lane) -> list[Case]:
                     page_size=16,
                     dtype=dtype,
                     lengths=lengths,
-                    longest=97,
+                    longest=MERGE_ORDER_LONG if lengths == "merge_order_long" else 97,
                     sparse_k=sparse_k,
                 )
             )
@@ -163,6 +179,8 @@ def _lengths(
 ) -> list[int]:
     if kind == "merge_order":
         return [MERGE_SPLITS * split_tokens] * count
+    if kind == "merge_order_long":
+        return [MERGE_SPLITS * split_tokens] * (count - 1) + [longest] * min(count, 1)
     if kind == "edges":
         return [max(q_len, EDGE_LENGTHS[(seed + r) % len(EDGE_LENGTHS)]) for r in range(count)]
     if kind == "mixed":
@@ -282,7 +300,7 @@ def build(case: Case, device: torch.device) -> Batch:
     gen = torch.Generator().manual_seed(case.seed)
     dtype = DTYPES[a["dtype"]]
     r_count, q_len, hq, hkv, d, page_size = a["R"], a["Q"], a["Hq"], a["Hkv"], a["D"], a["page_size"]
-    merge_order = a["lengths"] == "merge_order"
+    merge_order = a["lengths"] in ("merge_order", "merge_order_long")
     split_tokens = decode_attention_config(arch(device), d, dtype).split_tokens if merge_order else 0
     lens = _lengths(a["lengths"], r_count, q_len, a["longest"], case.seed, gen, split_tokens)
     need = pages_needed(lens, page_size)
@@ -300,8 +318,9 @@ def build(case: Case, device: torch.device) -> Batch:
         table[r, : need[r]] = ids
         k_cache[ids] = torch.randn(need[r], page_size, hkv, d, generator=gen).to(dtype)
         v_cache[ids] = torch.randn(need[r], page_size, hkv, d, generator=gen).to(dtype)
-    if merge_order:
-        _merge_order_kv(k_cache, v_cache, table, lens, split_tokens, gen)
+    if merge_order:  # merge_order_long: all but the last request
+        designed = lens if a["lengths"] == "merge_order" else lens[:-1]
+        _merge_order_kv(k_cache, v_cache, table, designed, split_tokens, gen)
     nan_tails(k_cache, table, lens)
     nan_tails(v_cache, table, lens)
     rows: dict[str, torch.Tensor] = {
@@ -361,7 +380,7 @@ def build_on_device(case: Case, device: torch.device) -> Batch:
     dev_gen = torch.Generator(device=device).manual_seed(case.seed)
     dtype = DTYPES[a["dtype"]]
     r_count, q_len, hq, hkv, d, page_size = a["R"], a["Q"], a["Hq"], a["Hkv"], a["D"], a["page_size"]
-    if a["lengths"] == "merge_order":
+    if a["lengths"] in ("merge_order", "merge_order_long"):
         raise ValueError("fill='device': merge_order cases are built on the host (build)")
     lens = _lengths(a["lengths"], r_count, q_len, a["longest"], case.seed, gen, 0)
     need = pages_needed(lens, page_size)
@@ -412,27 +431,56 @@ HUGE_CAP = 16384
 #: The longest context of the ``long`` and ``equal`` mixes (GPU cases reach 32768 on their own:
 #: eight such neighbours per check made the GPU sweep's co_batch and slot checks its slowest).
 NEIGHBOUR_LONGEST_CAP = 4096
+#: The ``equal`` mix's length on the cpu lane: one slot past the last whole split of the case's
+#: longest request, so each of its requests has one split more than any request of the case (129
+#: slots, 5 splits of the interpreter's 32, beside the 97-slot and 4-split cases).  On the cpu lane the pairs
+#: are few (3 sizes x 3 targets dealt over 4 mixes): without it only the ``one_huge`` mix, in a
+#: size-1 or -2 draw that happened to hold its huge request, put a target among more splits than
+#: its own batch has, and a split plan keyed on the launch's split count past 4 was caught by
+#: that one pair.  GPU lanes keep ``longest`` (their co-batches of 31 and 255 hold every mix).
+EQUAL_EXTRA_SPLIT: dict[bool, bool] = {True: False, False: True}
 #: Requests per neighbour case (at least the case's R), by lane (GPU: True): co-batches larger
 #: than a mix cycle its requests.  Four on the cpu lane: slot launches the whole mix five times
 #: per target, and the interpreter's cost grows with every request (slot was half the cpu sweep).
 NEIGHBOUR_REQUESTS: dict[bool, int] = {True: 8, False: 4}
 
 
+def _longest_request(axes: dict[str, Any], split_tokens: int) -> int:
+    """The longest length a request of a case with ``axes`` can have."""
+    kind = axes["lengths"]
+    if kind == "merge_order":
+        return MERGE_SPLITS * split_tokens
+    if kind == "merge_order_long":
+        return max(MERGE_SPLITS * split_tokens, int(axes["longest"]))
+    if kind == "edges":
+        return max(int(axes["Q"]), max(EDGE_LENGTHS))
+    if kind == "short":
+        return int(axes["Q"]) + 16
+    return int(axes["longest"])
+
+
 def neighbours(case: Case, lane: Lane) -> dict[str, Case]:
     """The other requests of the co_batch and slot checks, one case per length mix, each with
     ``case``'s shape axes (Q, Hq, Hkv, D, page_size, dtype, sparse_k) and a seed derived from
     its seed: ``long`` (uniform in [Q, longest]), ``short`` (uniform in [Q, Q + 16]), ``equal``
-    (every request at ``longest``) and ``one_huge`` (short ones and one at :data:`HUGE_FACTOR`
-    times ``longest``, at most :data:`HUGE_CAP`); ``longest`` capped at
+    (every request at ``longest``; on the cpu lane at one slot past the last whole split of the
+    case's longest request: :data:`EQUAL_EXTRA_SPLIT`) and ``one_huge`` (short ones and one at
+    :data:`HUGE_FACTOR` times ``longest``, at most :data:`HUGE_CAP`); ``longest`` capped at
     :data:`NEIGHBOUR_LONGEST_CAP` for the ``long`` and ``equal`` mixes."""
+    from batchinv.fast.decode_attention import decode_attention_config
+
     a = dict(case.axes)
     r_count = max(int(a["R"]), NEIGHBOUR_REQUESTS[lane.is_gpu])
     longest = min(int(a["longest"]), NEIGHBOUR_LONGEST_CAP)
     huge = max(longest, min(int(a["longest"]) * HUGE_FACTOR[lane.is_gpu], HUGE_CAP))
+    equal = longest
+    if EQUAL_EXTRA_SPLIT[lane.is_gpu]:
+        split = decode_attention_config("interp", int(a["D"]), DTYPES[a["dtype"]]).split_tokens
+        equal = min(-(-_longest_request(a, split) // split) * split + 1, NEIGHBOUR_LONGEST_CAP)
     kinds = {
         "long": ("mixed", longest),
         "short": ("short", longest),
-        "equal": ("equal", longest),
+        "equal": ("equal", equal),
         "one_huge": ("one_huge", huge),
     }
     out = {}

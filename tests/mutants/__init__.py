@@ -50,6 +50,11 @@ class Mutant:
             ``lifecycle``: the subject is the component's plan lifecycle (a server class), and
             ``caught_by`` names the lifecycle guards (``tests/support/decode_plan_guards.py``) that must
             fail on it (:data:`LIFECYCLE_MUTANTS`).
+        independent: where > 0, the failing rows of ``caught_by`` must span at least this many
+            cases and name at least this many neighbour mixes besides ``one_huge`` (a request
+            check's comparison labels name their mix, ``request 1 with 7 others (equal)``; a
+            comparison inside the case's own batch counts as a mix of its own): a class one
+            case or one mix alone catches is one case-list change away from surviving.
     """
 
     name: str
@@ -59,6 +64,7 @@ class Mutant:
     caught_by: tuple[str, ...]
     every_case: Callable[[Case], bool] | None = None
     replaces: str = "fast"
+    independent: int = 0
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -424,6 +430,28 @@ MUTANTS: tuple[Mutant, ...] = (
         ("agreement",),
         # both order-exact cases (their lengths are 4 splits of the table's split_tokens)
         every_case=lambda case: case.axes["lengths"] == "merge_order",
+    ),
+    Mutant(
+        "decode_attention_split_doubled_past_four_splits",
+        "decode_attention",
+        missing_cases.decode_attention_split_doubled_past_four_splits,
+        "the launcher doubles split_tokens when a request of the launch needs more than 4 splits "
+        "(a long-context bucket keyed on the launch): a request's splits depend on its neighbours",
+        ("co_batch",),
+        # the order-exact cases: beside the equal mix (one split past theirs), and inside their
+        # own batch beside a 161-slot request (merge_order_long)
+        every_case=lambda case: case.axes["lengths"] in ("merge_order", "merge_order_long"),
+        independent=2,
+    ),
+    Mutant(
+        "decode_attention_splits_capped_at_four_per_launch",
+        "decode_attention",
+        missing_cases.decode_attention_splits_capped_at_four_per_launch,
+        "the launcher grows split_tokens (whole chunks) until the launch's longest request has at "
+        "most 4 splits (a fixed split dimension of the grid): the split size comes from the neighbours",
+        ("co_batch",),
+        every_case=lambda case: case.axes["lengths"] in ("merge_order", "merge_order_long"),
+        independent=2,
     ),
     Mutant(
         "grouped_gemm_dropped_partial_k_tile",

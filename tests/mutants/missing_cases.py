@@ -1,6 +1,7 @@
 """Mutants of issue 25 (sections 4 and 6): the router's group rule, and the survivor classes that
 the cpu sweep's former cases let through (sigmoid at top_k == E, a double rounding in the
-combine, a grouped GEMM config keyed on the token count, a decode split off its table value).
+combine, a grouped GEMM config keyed on the token count, a decode split off its table value,
+a decode split planned from the launch's longest request past 4 splits).
 
 Each builds a subject with its component's fast signature (see :mod:`tests.mutants`)."""
 
@@ -105,3 +106,63 @@ def decode_attention_split_one_chunk_longer() -> Callable[..., Any]:
         "config = one_chunk_longer(decode_attention_config(arch(q.device), shape.head_dim, q.dtype))",
         extra_globals={"one_chunk_longer": _one_chunk_longer},
     )
+
+
+#: The split count above which the launch-planned mutants change the plan: more splits than
+#: the cpu lane's 97-slot cases (4 splits of 32) have on their own.
+LAUNCH_SPLITS = 4
+
+
+def _longest_dense(seq_lens: Any, indices: Any) -> int | None:
+    """The launch's longest context (dense launches only; sparse ones plan from K)."""
+    if indices is not None or seq_lens.numel() == 0:
+        return None
+    return int(seq_lens.max())
+
+
+def _doubled_past_four_splits(config: Any, shape: Any, seq_lens: Any, indices: Any) -> Any:
+    """``config`` with its split doubled when some request of the launch needs more than
+    :data:`LAUNCH_SPLITS` splits of it (a "long batch" bucket keyed on the launch)."""
+    longest = _longest_dense(seq_lens, indices)
+    if (
+        longest is not None
+        and attention_launcher.max_splits(shape, config.split_tokens, longest) > LAUNCH_SPLITS
+    ):
+        return replace(config, split_tokens=2 * config.split_tokens)
+    return config
+
+
+def _at_most_four_splits(config: Any, shape: Any, seq_lens: Any, indices: Any) -> Any:
+    """``config`` with its split grown (whole chunks) until the launch's longest request has at
+    most :data:`LAUNCH_SPLITS` splits (a split dimension of the grid capped, as a fixed-size
+    workspace would): the split size comes from the other requests' lengths."""
+    longest = _longest_dense(seq_lens, indices)
+    if longest is None:
+        return config
+    per_split = -(-longest // LAUNCH_SPLITS)  # ceil
+    wanted = -(-per_split // config.block_n) * config.block_n  # whole chunks
+    return replace(config, split_tokens=max(config.split_tokens, wanted))
+
+
+_ATTENTION_CONFIG = "config = decode_attention_config(arch(q.device), shape.head_dim, q.dtype)"
+
+
+def _launch_planned(plan: Callable[..., Any]) -> Callable[..., Any]:
+    return mutate(  # type: ignore[no-any-return]
+        attention_launcher,
+        "decode_attention",
+        _ATTENTION_CONFIG,
+        "config = launch_plan(decode_attention_config(arch(q.device), shape.head_dim, q.dtype), "
+        "shape, seq_lens, indices)",
+        extra_globals={"launch_plan": plan},
+    )
+
+
+def decode_attention_split_doubled_past_four_splits() -> Callable[..., Any]:
+    """The split size doubles when any request of the launch needs more than 4 splits."""
+    return _launch_planned(_doubled_past_four_splits)
+
+
+def decode_attention_splits_capped_at_four_per_launch() -> Callable[..., Any]:
+    """The split size grows so the launch's longest request has at most 4 splits."""
+    return _launch_planned(_at_most_four_splits)

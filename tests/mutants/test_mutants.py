@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -70,6 +71,21 @@ def test_the_cpu_sweep_catches_the_mutant(mutant: Mutant) -> None:
         caught = {(f.case, f.check) for f in outcome.failures}
         missed = [(c.id, ch) for c in wanted for ch in mutant.caught_by if (c.id, ch) not in caught]
         assert not missed, f"{mutant.name} passed on cases it must fail: {missed}"
+    if mutant.independent:
+        rows = [f for f in outcome.failures if f.check in mutant.caught_by]
+        cases = {f.case for f in rows}
+        mixes = {_mix(label) for f in rows for label in f.where} - {"one_huge"}
+        assert len(cases) >= mutant.independent and len(mixes) >= mutant.independent, (
+            f"{mutant.name} caught by {len(cases)} case(s) and {sorted(mixes)} besides one_huge "
+            f"(at least {mutant.independent} of each wanted):\n{_summary(outcome)}"
+        )
+
+
+def _mix(label: str) -> str:
+    """The neighbour mix a request check's comparison names (``request 3 with 7 others
+    (one_huge)``: ``one_huge``); ``own batch`` for one inside the case's own batch."""
+    found = re.search(r"\(([^()]*)\)$", label)
+    return found.group(1) if found else "own batch"
 
 
 @pytest.mark.cpu
