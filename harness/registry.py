@@ -337,6 +337,12 @@ PHASE_CHECKS: tuple[str, ...] = ("phase",)
 #: (``Component.padding``): a sequence's bits do not depend on how much padding its launch puts
 #: before or after it.
 PADDING_CHECKS: tuple[str, ...] = ("padding",)
+#: The check of components with floating-point inputs (``Component.dtypes``), row-wise and
+#: request-level alike: a victim row's (request's) bits do not move when only the *other* units'
+#: contents change (scaled by 1e3 and 1e-3, +-inf, NaN, zeros, max-normal, subnormal;
+#: ``harness/neighbours.py``): a batch-wide statistic (a dynamic FP8 scale, an eps scaled by the
+#: batch max) cannot hide behind neighbours that happen to look alike.
+NEIGHBOUR_CHECKS: tuple[str, ...] = ("neighbours",)
 #: The checks of components with several executions (``Component.configs``): every config the
 #: launcher may pick gives the shipped one's bits.
 CONFIG_CHECKS: tuple[str, ...] = ("config_equivalence",)
@@ -349,6 +355,7 @@ INVARIANCE_CHECKS: tuple[str, ...] = (
     *REQUEST_CHECKS,
     *PHASE_CHECKS,
     *PADDING_CHECKS,
+    *NEIGHBOUR_CHECKS,
     *CONFIG_CHECKS,
     *MODE_CHECKS,
 )
@@ -411,6 +418,13 @@ class RequestModel:
             request -- a plan's partition id moves with the batch size and the partition count
             by design -- and is judged by agreement and repeat alone.  None: every output is
             the request's own.
+        rewrite_others: ``rewrite_others(batch, keep, transform) -> (Batch, changed)``: the
+            same launch (shapes, layout, tables) with the contents of every request not in
+            ``keep`` rewritten by the ``neighbours`` check's ``transform``
+            (:class:`batchinv.harness.neighbours.Transform`), wherever the model keeps them
+            (a paged model: the pool tokens only those requests reference); ``changed``: whether
+            anything changed.  None: :func:`batchinv.harness.neighbours.rewrite_rows` (the
+            floating-point ``rows`` of the other requests; ``shared`` is configuration).
     """
 
     take: Callable[[Batch, Sequence[int]], Batch]
@@ -419,6 +433,7 @@ class RequestModel:
     neighbours: Callable[[Case, Lane], Mapping[str, Case]] | None = None
     co_batch_sizes: Callable[[Lane], tuple[int, ...]] | None = None
     local: Callable[[Outputs], Outputs] | None = None
+    rewrite_others: Callable[[Batch, Sequence[int], Any], tuple[Batch, bool]] | None = None
 
 
 #: Left and right padding amounts of the padding check on GPU lanes: 0..300 with every tile and
@@ -512,7 +527,7 @@ class Component:
         requests: set for a request-level component: its :class:`RequestModel`.  Its outputs
             have dim 0 = request (e.g. ``o [R, Q, Hq, D]``, ``lse [R, Q, Hq]``) and its checks are
             agreement, co_batch, slot, placement, phase (with ``phase``), partition (with
-            ``partition_arg``) and repeat, never batch_prefix, position or row_start.
+            ``partition_arg``), repeat and neighbours, never batch_prefix, position or row_start.
         checks: None (the default): the checks follow from the fields above (see
             :meth:`applicable_checks`).  Otherwise the explicit set of checks that apply, a
             subset of :data:`CHECKS` with "agreement"; for a *global* component whose output
@@ -601,8 +616,9 @@ class Component:
 
     def applicable_checks(self) -> tuple[str, ...]:
         """The checks that apply to this component (row_start and partition are optional; a
-        request-level component has the request checks instead of the row checks; ``checks``,
-        when set, narrows them to its members)."""
+        request-level component has the request checks instead of the row checks; neighbours
+        needs a floating-point dtype in ``dtypes``; ``checks``, when set, narrows them to its
+        members)."""
         derived = self._derived_checks()
         if self.checks is None:
             return derived
@@ -613,10 +629,16 @@ class Component:
         modes = MODE_CHECKS if self.torch_op is not None else ()
         phase = PHASE_CHECKS if self.phase is not None else ()
         padding = PADDING_CHECKS if self.padding is not None else ()
+        floating = any(d.is_floating_point for d in self.dtypes)  # integer plans have no contents to vary
+        neighbours = NEIGHBOUR_CHECKS if floating else ()
         if self.requests is not None:
             partition = ("partition",) if self.partition_arg is not None else ()
-            return ("agreement", *REQUEST_CHECKS, *phase, *padding, *partition, "repeat", *configs, *modes)
+            return (
+                "agreement", *REQUEST_CHECKS, *phase, *padding, *partition, "repeat", *neighbours, *configs, *modes,
+            )  # fmt: skip
         skip = set(REQUEST_CHECKS) | set(PHASE_CHECKS) | set(PADDING_CHECKS)
+        if not floating:
+            skip.update(NEIGHBOUR_CHECKS)
         if self.configs is None:
             skip.update(CONFIG_CHECKS)
         if self.torch_op is None:

@@ -339,7 +339,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "fp8_quant",
         kernels.fp8_quant_amax_over_launch_tile,
         "amax over the program's whole row block, not per row: a token's scale depends on its neighbours",
-        ("batch_prefix",),
+        ("batch_prefix", "neighbours"),
+    ),
+    Mutant(
+        "rms_norm_eps_by_tile_max",
+        "rms_norm",
+        kernels.rms_norm_eps_by_tile_max,
+        "eps scaled by the largest mean square of the program's row tile: a row's rstd follows the "
+        "values of its neighbours (same shapes, same row)",
+        ("neighbours",),
     ),
     Mutant(
         "moe_align_groups_not_padded",

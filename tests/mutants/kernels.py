@@ -24,6 +24,7 @@ import batchinv.fast.kernels.mean as mean_kernels
 import batchinv.fast.kernels.moe_align as moe_align_kernels
 import batchinv.fast.kernels.moe_router as moe_router_kernels
 import batchinv.fast.kernels.primitives as primitives
+import batchinv.fast.kernels.rms_norm as rms_norm_kernels
 import batchinv.fast.kernels.softmax as softmax_kernels
 import batchinv.fast.kernels.swiglu as swiglu_kernels
 import batchinv.fast.kernels.topk as topk_kernels
@@ -605,6 +606,19 @@ def _fp32_sum_above(rows: int) -> Callable[[Any, int], Any]:
         return replace(config, fp64_sum=False) if num_rows > rows else config
 
     return pick
+
+
+def rms_norm_eps_by_tile_max() -> Callable[..., Any]:
+    """eps scaled by the largest mean square of the program's row tile (a guard sized from the
+    batch's dynamic range): a row's rstd follows the values of the rows launched beside it."""
+    kernel = mutate(
+        rms_norm_kernels,
+        "_rstd_split",
+        "rstd = 1.0 / tl.sqrt(mean_sq + tl.full([BLOCK_M], eps, tl.float32).to(tl.float64))",
+        "rstd = 1.0 / tl.sqrt(mean_sq + tl.full([BLOCK_M], eps, tl.float32).to(tl.float64) * tl.max(mean_sq, axis=0))",
+        entry="rms_norm_rows_kernel",
+    )
+    return with_kernel(rms_norm_launcher, "rms_norm_rows_kernel", kernel, rms_norm_launcher.rms_norm)
 
 
 def rms_norm_fp32_sum_above(rows: int) -> Callable[..., Any]:
