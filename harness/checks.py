@@ -488,6 +488,9 @@ def _partition(run: _Run) -> invariance.DriverResult | None:
 
     from batchinv.fast.device import sm_count
 
+    if run.component.partition_counts is not None:  # another axis than the SMs (TP degrees)
+        counts = run.component.partition_counts(run.lane)
+        return invariance.partition(call_with, run.batch, counts, name=arg)
     counts = invariance.sm_partition_counts(sm_count(run.device if run.lane.is_gpu else None))
     return invariance.partition(call_with, run.batch, counts)
 

@@ -281,14 +281,15 @@ def pack_at_offset(batch: Batch, offset: int, generator: torch.Generator) -> Bat
 
 
 def partition(
-    fn: Callable[[Batch, int | None], Outputs], batch: Batch, counts: Sequence[int]
+    fn: Callable[[Batch, int | None], Outputs], batch: Batch, counts: Sequence[int], name: str = "partitions"
 ) -> DriverResult:
-    """Any planned partition / SM count gives the same bits as the default plan (``None``)."""
+    """Any planned partition / SM count gives the same bits as the default plan (``None``);
+    ``name`` labels the axis in the report (``partitions=3``, ``tp_degree=2``)."""
     result = DriverResult()
     expected = tuple(o.detach().clone() for o in as_outputs(fn(batch, None)))
     for count in counts:
         got = tuple(o.detach().clone() for o in as_outputs(fn(batch, count)))
-        result.record(f"partitions={count}", compare_outputs(expected, got))
+        result.record(f"{name}={count}", compare_outputs(expected, got))
     return result
 
 

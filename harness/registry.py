@@ -61,6 +61,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "w4a16_nvfp4",
     "prefill_attention",
     "sdpa_attention",
+    "tp_linear",
 )
 
 #: The default batch-size sweep (docs/DESIGN.md, "Sweep axes"); GPU lanes add 4096.
@@ -507,6 +508,10 @@ class Component:
             at ``row_start = offset`` inside wider rows (outputs must be bitwise equal); None when
             the component has no row window.
         partition_arg: name of the fast keyword that sets the planned SM / partition count, if any.
+        partition_counts: ``partition_counts(lane) -> tuple`` of the counts the ``partition``
+            check tries (each must give the default's bits); None: the SM axis
+            (:func:`batchinv.harness.invariance.sm_partition_counts`).  ``tp_linear``'s are its
+            tensor-parallel degrees 1, 2, 4, 8.
         strategy: ``strategy(lane, device)`` -> a hypothesis strategy of :class:`Batch` for property
             tests, or None.
         bench_cases: ``bench_cases(lane)`` -> cases for ``batchinv bench``.
@@ -534,7 +539,9 @@ class Component:
             rows are not functions of their own input rows alone (``moe_align``: a pair's
             position depends on every other token's experts), where the row checks
             (batch_prefix, position, row_start) would compare things the contract never
-            promised equal.  It can only narrow: "row_start" still needs ``shift_row_start``,
+            promised equal; or for a composition whose row checks another component runs
+            (``tp_linear`` at its default degree is the pinned matmul).  It can only narrow:
+            "row_start" still needs ``shift_row_start``,
             "partition" ``partition_arg``, the request checks ``requests``.
         torch_op: the component's ``torch.ops.batchinv`` operator behind the fast signature
             (:mod:`batchinv.fast.enable.ops`): the subject of the ``modes`` check.  None: no operator.
@@ -575,6 +582,7 @@ class Component:
     error_cases: Callable[[torch.device], Sequence[ErrorCase]] = lambda device: ()
     shift_row_start: Callable[[Batch, int, torch.Generator], Batch] | None = None
     partition_arg: str | None = None
+    partition_counts: Callable[[Lane], tuple[int, ...]] | None = None
     strategy: Callable[[Lane, torch.device], Any] | None = None
     bench_cases: Callable[[Lane], Sequence[Case]] = lambda lane: ()
     bench_bytes: Callable[[Batch], int] | None = None

@@ -342,6 +342,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ("batch_prefix", "neighbours"),
     ),
     Mutant(
+        "tp_linear_gathered_in_reverse_rank_order",
+        "tp_linear",
+        kernels.tp_linear_gathered_in_reverse_rank_order,
+        "the all-reduce adds the ranks' chunk sums last rank first: another chunk chain per TP degree",
+        ("partition",),
+    ),
+    Mutant(
         "rms_norm_eps_by_tile_max",
         "rms_norm",
         kernels.rms_norm_eps_by_tile_max,

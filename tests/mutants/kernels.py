@@ -40,6 +40,7 @@ from batchinv.fast import rms_norm as rms_norm_launcher
 from batchinv.fast import softmax as softmax_launcher
 from batchinv.fast import swiglu as swiglu_launcher
 from batchinv.fast import topk as topk_launcher
+from batchinv.fast import tp_linear as tp_linear_launcher
 from batchinv.reference.topk import topk as reference_topk
 
 from .patch import mutate
@@ -594,6 +595,20 @@ def matmul_bucket_frozen_at_trace_time() -> Callable[..., Any]:
         return acc.to(out_dtype or x.dtype)
 
     return subject
+
+
+# --- tp_linear --------------------------------------------------------------------------------
+
+
+def tp_linear_gathered_in_reverse_rank_order() -> Callable[..., Any]:
+    """The all-reduce gathers the ranks' chunk sums last rank first (each rank's own chunks
+    still in order): the chunk chain is another association at every degree above 1."""
+    return mutate(  # type: ignore[no-any-return]
+        tp_linear_launcher,
+        "tp_linear",
+        "ws = torch.stack([partial for rank in gathered for partial in rank])  # [chunks, M, N] fp32",
+        "ws = torch.stack([partial for rank in reversed(gathered) for partial in rank])",
+    )
 
 
 # --- rms_norm ---------------------------------------------------------------------------------
