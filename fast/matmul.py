@@ -440,7 +440,12 @@ def sum_chunks(ws: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dty
     """
     from batchinv.fast.kernels.matmul import chunk_sum_kernel
 
-    if not isinstance(ws, torch.Tensor) or ws.dim() != 3 or ws.dtype != torch.float32 or not ws.is_contiguous():
+    if (
+        not isinstance(ws, torch.Tensor)
+        or ws.dim() != 3
+        or ws.dtype != torch.float32
+        or not ws.is_contiguous()
+    ):
         raise ArgumentError("ws", "a contiguous fp32 tensor [chunks, M, N]", getattr(ws, "shape", ws))
     if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ArgumentError("out_dtype", "bf16, fp16 or fp32", out_dtype)
@@ -473,6 +478,8 @@ def sum_chunks(ws: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dty
             num_warps=4,
         )
     return out
+
+
 #: The kernel's code of each FP8 scale layout (its ``SCALES`` constexpr).
 SCALE_CODES: dict[str, int] = {"tensor": 1, "token": 2, "block": 3}
 

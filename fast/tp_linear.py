@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 
 from batchinv.fast.matmul import matmul, plan, sum_chunks
+from batchinv.fast.matmul_config import MatmulConfig
 from batchinv.reference.errors import ArgumentError
 from batchinv.reference.matmul import validate
 
@@ -124,10 +125,8 @@ def tp_linear(
     return sum_chunks(ws, bias, args.out_dtype)
 
 
-def _chunk_sum(
-    x: torch.Tensor, weight: torch.Tensor, layout: str, ks: slice, config: object
-) -> torch.Tensor:
+def _chunk_sum(x: torch.Tensor, weight: torch.Tensor, layout: str, ks: slice, config: object) -> torch.Tensor:
     """The fp32 sum of one chunk (``K`` slice ``ks``) by the pinned matmul under ``config``:
     one chunk of the full-K tree, summed from zero in its ``BLOCK_K`` steps."""
     w = weight[:, ks] if layout == "linear" else weight[ks, :]
-    return matmul(x[:, ks], w, None, layout=layout, out_dtype=torch.float32, config=config)  # type: ignore[arg-type]
+    return matmul(x[:, ks], w, None, layout=layout, out_dtype=torch.float32, config=config)

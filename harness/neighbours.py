@@ -100,7 +100,9 @@ def copy_layout(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` with the same shape, strides and storage offset, over a copy of its whole
     storage (the bytes outside the view -- a strided window's NaN padding -- kept)."""
     storage = t.untyped_storage().clone()
-    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.shape, t.stride())
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+        storage, t.storage_offset(), t.shape, t.stride()
+    )
 
 
 def rewrite_at(t: torch.Tensor, mask_or_index: torch.Tensor, transform: Transform) -> torch.Tensor | None:
@@ -138,4 +140,12 @@ def rewrite_rows(batch: Batch, keep: Sequence[int], transform: Transform) -> tup
     return Batch(rows, batch.shared), changed
 
 
-__all__ = ["CPU_TRANSFORMS", "TRANSFORMS", "Transform", "copy_layout", "rewrite_at", "rewritable", "rewrite_rows"]
+__all__ = [
+    "CPU_TRANSFORMS",
+    "TRANSFORMS",
+    "Transform",
+    "copy_layout",
+    "rewritable",
+    "rewrite_at",
+    "rewrite_rows",
+]

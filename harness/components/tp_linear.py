@@ -75,12 +75,23 @@ def error_cases(device: torch.device) -> list[ErrorCase]:
     shared = [e for e in mm.error_cases(device) if not {"precision", "out", "num_sms"} & set(e.kwargs)]
     return [
         *shared,
-        ErrorCase("tp_degree_splits_a_chunk", {"x": x, "weight": w, "tp_degree": 3}, ArgumentError,
-                  r"argument 'tp_degree'.*divisor", fast_only),  # fmt: skip
-        ErrorCase("tp_degree_zero", {"x": x, "weight": w, "tp_degree": 0}, ArgumentError,
-                  "argument 'tp_degree'", fast_only),  # fmt: skip
-        ErrorCase("tp_degree_bool", {"x": x, "weight": w, "tp_degree": True}, ArgumentError,
-                  "argument 'tp_degree'", fast_only),  # fmt: skip
+        ErrorCase(
+            "tp_degree_splits_a_chunk",
+            {"x": x, "weight": w, "tp_degree": 3},
+            ArgumentError,
+            r"argument 'tp_degree'.*divisor",
+            fast_only,
+        ),
+        ErrorCase(
+            "tp_degree_zero", {"x": x, "weight": w, "tp_degree": 0}, ArgumentError, "'tp_degree'", fast_only
+        ),
+        ErrorCase(
+            "tp_degree_bool",
+            {"x": x, "weight": w, "tp_degree": True},
+            ArgumentError,
+            "'tp_degree'",
+            fast_only,
+        ),
     ]
 
 

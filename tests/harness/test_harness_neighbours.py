@@ -81,7 +81,10 @@ def test_a_batch_wide_amax_is_caught_and_the_failure_names_the_victim_and_transf
     result = _run(_batch_amax)
     assert not result.passed
     assert result.detail.startswith("victim row 2 beside neighbours scaled by 1e3 vs original neighbours: ")
-    assert result.first_difference == "victim row 2 beside neighbours scaled by 1e3 vs original neighbours: (row 2, col 0)"
+    assert (
+        result.first_difference
+        == "victim row 2 beside neighbours scaled by 1e3 vs original neighbours: (row 2, col 0)"
+    )
     assert result.rows_differing == 1 and result.worst_ulp
 
 
@@ -113,9 +116,14 @@ def test_the_rewrite_keeps_the_layout_the_victim_and_the_integer_rows():
         assert out.rows["ids"] is batch.rows["ids"] and out.shared["w"] is batch.shared["w"]
         storage = torch.empty(0).set_(x.untyped_storage())
         assert bool(torch.isnan(storage.view(6, 9)[:, :2]).all()), t.label  # the padding kept
-        assert not torch.equal(to_bits(x[[0, 1, 2, 4, 5]]), to_bits(batch.rows["x"][[0, 1, 2, 4, 5]])), t.label
+        assert not torch.equal(to_bits(x[[0, 1, 2, 4, 5]]), to_bits(batch.rows["x"][[0, 1, 2, 4, 5]])), (
+            t.label
+        )
     assert torch.isnan(rewrite_rows(batch, [3], TRANSFORMS[4])[0].rows["x"][0]).all()
-    assert copy_layout(batch.rows["x"]).untyped_storage().data_ptr() != batch.rows["x"].untyped_storage().data_ptr()
+    assert (
+        copy_layout(batch.rows["x"]).untyped_storage().data_ptr()
+        != batch.rows["x"].untyped_storage().data_ptr()
+    )
 
 
 def test_special_values_come_from_bit_patterns_and_fp8_keeps_what_it_cannot_express():
@@ -152,7 +160,11 @@ def test_the_paged_rewrite_changes_only_the_other_requests_tokens():
 @pytest.mark.negative_control
 @pytest.mark.parametrize(
     ("component", "baseline"),
-    [("fp8_quant", "per_tensor_dynamic"), ("rms_norm", "eps_by_batch_max"), ("fused_moe", "per_tensor_fp8_activations")],
+    [
+        ("fp8_quant", "per_tensor_dynamic"),
+        ("rms_norm", "eps_by_batch_max"),
+        ("fused_moe", "per_tensor_fp8_activations"),
+    ],
 )
 def test_the_batch_wide_statistics_are_caught_on_the_cpu_lane(component, baseline):
     comp = get(component)
