@@ -125,7 +125,9 @@ def tp_linear(
     return sum_chunks(ws, bias, args.out_dtype)
 
 
-def _chunk_sum(x: torch.Tensor, weight: torch.Tensor, layout: str, ks: slice, config: MatmulConfig) -> torch.Tensor:
+def _chunk_sum(
+    x: torch.Tensor, weight: torch.Tensor, layout: str, ks: slice, config: MatmulConfig
+) -> torch.Tensor:
     """The fp32 sum of one chunk (``K`` slice ``ks``) by the pinned matmul under ``config``:
     one chunk of the full-K tree, summed from zero in its ``BLOCK_K`` steps."""
     w = weight[:, ks] if layout == "linear" else weight[ks, :]
