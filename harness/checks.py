@@ -512,9 +512,9 @@ def neighbour_victims(num_units: int, lane: Lane, generator: torch.Generator) ->
 
 
 #: The cpu lane runs the neighbours check on the first this many cases of each component's cpu
-#: list (the interpreter pays seconds per attention launch): the first with every transform,
-#: the others with :data:`neighbours.CPU_TRANSFORMS`; its later cases are a skip saying so.
-NEIGHBOUR_CASES_CPU = 3
+#: list (the interpreter pays seconds per attention launch), case i with the transforms of
+#: :data:`neighbours.CPU_TRANSFORM_GROUPS` [i]; its later cases are a skip saying so.
+NEIGHBOUR_CASES_CPU = len(neighbours.CPU_TRANSFORM_GROUPS)
 
 
 def _case_index(component: Component, case: Case, lane: Lane) -> int | None:
@@ -528,9 +528,9 @@ def _case_index(component: Component, case: Case, lane: Lane) -> int | None:
 
 def _neighbours(run: _Run) -> invariance.DriverResult | None:
     """neighbours: the victims of :func:`neighbour_victims` beside their neighbours rewritten by
-    every transform of :data:`neighbours.TRANSFORMS` (GPU lanes, and the cpu lane's first case),
-    or by :data:`neighbours.CPU_TRANSFORMS` (the cpu lane's next cases, up to
-    :data:`NEIGHBOUR_CASES_CPU`, and a case outside its list: a repro); through the request
+    every transform of :data:`neighbours.TRANSFORMS` (GPU lanes, and a cpu case outside the
+    component's list), or on the cpu lane's first :data:`NEIGHBOUR_CASES_CPU` cases by their
+    share, :data:`neighbours.CPU_TRANSFORM_GROUPS`; through the request
     model's ``rewrite_others`` for a request-level component, whose one-request cases put their
     request first beside up to 3 requests of the co_batch pool (:func:`_pools`; a row-wise
     one-row case has no neighbour: a skip)."""
@@ -543,7 +543,7 @@ def _neighbours(run: _Run) -> invariance.DriverResult | None:
             "cases of each component there (the interpreter pays per launch); GPU lanes run every case"
         )
         return None
-    every = run.lane.is_gpu or index == 0
+    transforms = neighbours.TRANSFORMS if index is None else neighbours.CPU_TRANSFORM_GROUPS[index]
     batch, n = run.batch, run.batch.num_rows
     if model is not None and n < 2:  # one request: beside the first requests of the co_batch pool
         pool = next(iter(_pools(run, model).values()))
@@ -554,7 +554,7 @@ def _neighbours(run: _Run) -> invariance.DriverResult | None:
         batch,
         neighbour_victims(n, run.lane, run.generator),
         rewrite if rewrite is not None else neighbours.rewrite_rows,
-        neighbours.TRANSFORMS if every else neighbours.CPU_TRANSFORMS,
+        transforms,
         "request" if model is not None else "row",
     )
 

@@ -86,9 +86,15 @@ TRANSFORMS: tuple[Transform, ...] = (
     Transform("set to max-normal", _filled("+max_normal", "+max_normal")),
     Transform("set to subnormal", _filled("+max_subnormal", "+max_subnormal")),
 )
-#: The cpu lane's transforms beyond its first case (the interpreter pays per launch): one that
-#: moves a batch-wide amax or max, one that poisons a batch-wide stage.
-CPU_TRANSFORMS: tuple[Transform, ...] = (TRANSFORMS[0], TRANSFORMS[4])
+#: The cpu lane shares the transforms out over a component's first three cases (the
+#: interpreter pays seconds per attention launch): the first case takes one that moves a
+#: batch-wide amax or max, one that poisons a batch-wide stage and +inf; the second 1e-3, -inf
+#: and zeros; the third max-normal and subnormal.  GPU lanes run every transform on every case.
+CPU_TRANSFORM_GROUPS: tuple[tuple[Transform, ...], ...] = (
+    (TRANSFORMS[0], TRANSFORMS[4], TRANSFORMS[2]),
+    (TRANSFORMS[1], TRANSFORMS[3], TRANSFORMS[5]),
+    (TRANSFORMS[6], TRANSFORMS[7]),
+)
 
 
 def rewritable(t: torch.Tensor) -> bool:
@@ -141,7 +147,7 @@ def rewrite_rows(batch: Batch, keep: Sequence[int], transform: Transform) -> tup
 
 
 __all__ = [
-    "CPU_TRANSFORMS",
+    "CPU_TRANSFORM_GROUPS",
     "TRANSFORMS",
     "Transform",
     "copy_layout",
