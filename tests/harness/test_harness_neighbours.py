@@ -139,15 +139,8 @@ def test_special_values_come_from_bit_patterns_and_fp8_keeps_what_it_cannot_expr
 
 
 def test_the_paged_rewrite_changes_only_the_other_requests_tokens():
-    page, pool = 4, requests.nan_filled_pages(6, 4)
-    g = torch.Generator().manual_seed(0)
-    pool[:5] = torch.randn(5, 4, generator=g)
-    lens = torch.tensor([5, 3, 6], dtype=torch.int32)
-    table = torch.tensor([[0, 1], [2, 5], [3, 4]], dtype=torch.int32)  # 5: padding, a NaN page
-    pool[1, 1:] = math.nan
-    pool[2, 3:] = math.nan
-    pool[4, 2:] = math.nan
-    batch = Batch({"block_table": table, "seq_lens": lens}, {"pool": pool})
+    batch = _paged_batch()
+    pool, table = batch.shared["pool"], batch.rows["block_table"]
     layout = requests.PagedLayout(("pool",))
     out, changed = layout.rewrite_others(batch, [1], TRANSFORMS[5])  # victim: request 1, page 2
     new = out.shared["pool"]
@@ -156,7 +149,6 @@ def test_the_paged_rewrite_changes_only_the_other_requests_tokens():
     assert bool((new[[0, 3]] == 0).all()) and bool((new[1, :1] == 0).all()) and bool((new[4, :2] == 0).all())
     assert bool(torch.isnan(new[1, 1:]).all() and torch.isnan(new[4, 2:]).all() and torch.isnan(new[5]).all())
     assert out.rows["block_table"] is table
-    del page
 
 
 @pytest.mark.negative_control
@@ -182,3 +174,40 @@ def test_the_cpu_lane_runs_the_first_cases_and_says_so_on_the_others():
     late = comp.cases(Lane.CPU)[NEIGHBOUR_CASES_CPU]
     result = run_check(comp, "fast", "neighbours", late, Lane.CPU)
     assert result.status == "skip" and "first 3 cases" in result.detail
+
+
+def _paged_batch() -> Batch:
+    """Three requests of 5, 3 and 6 tokens in pages of 4 (page 5: table padding, NaN)."""
+    pool = requests.nan_filled_pages(6, 4)
+    pool[:5] = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    pool[1, 1:], pool[2, 3:], pool[4, 2:] = math.nan, math.nan, math.nan
+    table = torch.tensor([[0, 1], [2, 5], [3, 4]], dtype=torch.int32)
+    return Batch(
+        {"block_table": table, "seq_lens": torch.tensor([5, 3, 6], dtype=torch.int32)}, {"pool": pool}
+    )
+
+
+def _request_values(b: Batch) -> list[torch.Tensor]:
+    pool, out = b.shared["pool"], []
+    for r, length in enumerate(b.rows["seq_lens"].tolist()):
+        pages = b.rows["block_table"][r, : requests.pages_needed([length], 4)[0]].long()
+        out.append(pool[pages].reshape(-1)[:length])
+    return out
+
+
+def test_a_request_level_batch_statistic_over_the_pages_is_caught():
+    layout = requests.PagedLayout(("pool",))
+
+    def own_sums(b: Batch) -> tuple[torch.Tensor, ...]:
+        return (torch.stack([v.sum() for v in _request_values(b)]),)
+
+    def batch_max_scaled(b: Batch) -> tuple[torch.Tensor, ...]:  # one scale over every request's tokens
+        vals = _request_values(b)
+        top = torch.stack([torch.where(torch.isfinite(v), v.abs(), 0.0).amax() for v in vals]).amax()
+        return (torch.stack([v.sum() for v in vals]) / top,)
+
+    batch = _paged_batch()
+    assert invariance.neighbours(own_sums, batch, [1], layout.rewrite_others, TRANSFORMS, "request").passed
+    caught = invariance.neighbours(batch_max_scaled, batch, [1], layout.rewrite_others, TRANSFORMS, "request")
+    assert not caught.passed
+    assert caught.where[0] == "victim request 1 beside neighbours scaled by 1e3 vs original neighbours"
