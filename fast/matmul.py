@@ -412,6 +412,74 @@ def _launch(
 
 #: The chunk-sum kernel's tile (elementwise: any tile gives the same bits).
 SUM_TILE = (16, 128)
+
+
+def sum_chunks(ws: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """The split execution's second kernel on given chunk sums: ``out = round(((0 + ws[0]) +
+    ws[1]) + ... + ws[C-1] + bias)`` in fp32, the bias in fp32, one rounding to ``out_dtype``.
+
+    Parameters
+    ----------
+    ws : Tensor [C, M, N], fp32, contiguous
+        Chunk sums in chunk order (each the fp32 sum of one chunk of the reduction tree, as the
+        pinned matmul forms it on that chunk's K slice).
+    bias : Tensor [N], optional
+    out_dtype : torch.dtype
+        bf16, fp16 or fp32.
+
+    Returns
+    -------
+    Tensor [M, N] of ``out_dtype``: bitwise what :func:`matmul` gives from the same chunk sums
+    (the walk adds them in the same order), NaN payloads included.  The tensor-parallel
+    emulation's all-reduce (:mod:`batchinv.fast.tp_linear`).
+
+    Raises
+    ------
+    ArgumentError
+        ``ws`` not a contiguous 3-D fp32 tensor, ``bias`` not [N], ``out_dtype`` unsupported.
+    """
+    from batchinv.fast.kernels.matmul import chunk_sum_kernel
+
+    if (
+        not isinstance(ws, torch.Tensor)
+        or ws.dim() != 3
+        or ws.dtype != torch.float32
+        or not ws.is_contiguous()
+    ):
+        raise ArgumentError("ws", "a contiguous fp32 tensor [chunks, M, N]", getattr(ws, "shape", ws))
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ArgumentError("out_dtype", "bf16, fp16 or fp32", out_dtype)
+    chunks, m, n = ws.shape
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
+        raise ArgumentError("bias", f"a tensor [{n}]", tuple(bias.shape))
+    check_launch_device("ws", ws)
+    out = torch.empty((m, n), device=ws.device, dtype=out_dtype)
+    if m == 0 or n == 0:
+        return out
+    bias = kernel_operand(bias) if bias is not None else None
+    sum_m, sum_n = SUM_TILE
+    with interpreter_quiet():
+        chunk_sum_kernel[(-(m // -sum_m), -(n // -sum_n))](
+            ws,
+            bias if bias is not None else out,
+            out,
+            m,
+            n,
+            chunks,
+            ws.stride(0),
+            ws.stride(1),
+            out.stride(0),
+            out.stride(1),
+            bias.stride(0) if bias is not None else 0,
+            BLOCK_M=sum_m,
+            BLOCK_N=sum_n,
+            HAS_BIAS=bias is not None,
+            INTERPRETED=interpreting(),
+            num_warps=4,
+        )
+    return out
+
+
 #: The kernel's code of each FP8 scale layout (its ``SCALES`` constexpr).
 SCALE_CODES: dict[str, int] = {"tensor": 1, "token": 2, "block": 3}
 

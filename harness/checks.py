@@ -24,7 +24,7 @@ from typing import Any, TypeAlias
 
 import torch
 
-from batchinv.harness import invariance, isolation, strict_json
+from batchinv.harness import invariance, isolation, neighbours, strict_json
 from batchinv.harness.build_cache import built
 from batchinv.harness.compare import (
     BitwiseReport,
@@ -37,6 +37,7 @@ from batchinv.harness.lanes import Lane, lane_device
 from batchinv.harness.registry import (
     CHECKS,
     INVARIANCE_CHECKS,
+    NEIGHBOUR_CHECKS,
     PADDING_CHECKS,
     PHASE_CHECKS,
     REQUEST_CHECKS,
@@ -364,7 +365,7 @@ def _prepare(
             return as_outputs(impl(**b.kwargs()))
 
     local = component.requests.local if component.requests is not None else None
-    if local is not None and (check in REQUEST_CHECKS or check == "partition"):
+    if local is not None and (check in REQUEST_CHECKS or check in ("partition", *NEIGHBOUR_CHECKS)):
         whole = call  # the request checks and partition compare each request's own work
 
         def call(b: Batch) -> Outputs:
@@ -402,6 +403,8 @@ def _not_applicable(run: _Run) -> str:
         return "the component declares no phase model (Component.phase): it has no phases to compare"
     if check in PADDING_CHECKS and (component.padding is None or component.requests is None):
         return "the component declares no padding model (Component.padding): its launches have no padding"
+    if check in NEIGHBOUR_CHECKS and not any(d.is_floating_point for d in component.dtypes):
+        return "the component declares no floating-point dtype (Component.dtypes): no contents to rewrite"
     if check in ROW_CHECKS and check not in ("partition", "repeat") and component.requests is not None:
         return f"{check} is a row check; this component is request-level"
     return ""
@@ -494,6 +497,9 @@ def _partition(run: _Run) -> invariance.DriverResult | None:
 
     from batchinv.fast.device import sm_count
 
+    if run.component.partition_counts is not None:  # another axis than the SMs (TP degrees)
+        counts = run.component.partition_counts(run.lane)
+        return invariance.partition(call_with, run.batch, counts, name=arg)
     counts = invariance.sm_partition_counts(sm_count(run.device if run.lane.is_gpu else None))
     return invariance.partition(call_with, run.batch, counts)
 
@@ -503,6 +509,63 @@ def _repeat(run: _Run) -> invariance.DriverResult:
     # index the requests: grouped_gemm's align tensors)
     model = run.component.requests
     return invariance.repeat(run.call, run.batch, take=model.take if model else None)
+
+
+def neighbour_victims(num_units: int, lane: Lane, generator: torch.Generator) -> list[int]:
+    """The victims of the neighbours check: one unit at random on the cpu lane (the interpreter
+    pays per launch), the first and one at random on GPU lanes."""
+    if num_units <= 0:
+        return []
+    pick = int(torch.randint(num_units, (1,), generator=generator))
+    return [pick] if not lane.is_gpu else sorted({0, pick})
+
+
+#: The cpu lane runs the neighbours check on the first this many cases of each component's cpu
+#: list (the interpreter pays seconds per attention launch), case i with the transforms of
+#: :data:`neighbours.CPU_TRANSFORM_GROUPS` [i]; its later cases are a skip saying so.
+NEIGHBOUR_CASES_CPU = len(neighbours.CPU_TRANSFORM_GROUPS)
+
+
+def _case_index(component: Component, case: Case, lane: Lane) -> int | None:
+    """``case``'s index in the component's case list on ``lane`` (None: not one of them)."""
+    key = (case.axes_json(), case.seed)
+    for i, c in enumerate(component.cases(lane)):
+        if (c.axes_json(), c.seed) == key:
+            return i
+    return None
+
+
+def _neighbours(run: _Run) -> invariance.DriverResult | None:
+    """neighbours: the victims of :func:`neighbour_victims` beside their neighbours rewritten by
+    every transform of :data:`neighbours.TRANSFORMS` (GPU lanes, and a cpu case outside the
+    component's list), or on the cpu lane's first :data:`NEIGHBOUR_CASES_CPU` cases by their
+    share, :data:`neighbours.CPU_TRANSFORM_GROUPS`; through the request
+    model's ``rewrite_others`` for a request-level component, whose one-request cases put their
+    request first beside up to 3 requests of the co_batch pool (:func:`_pools`; a row-wise
+    one-row case has no neighbour: a skip)."""
+    model = run.component.requests
+    rewrite = model.rewrite_others if model is not None and model.rewrite_others is not None else None
+    index = None if run.lane.is_gpu else _case_index(run.component, run.case, run.lane)
+    if index is not None and index >= NEIGHBOUR_CASES_CPU:
+        run.skip(
+            f"not run on this case on the cpu lane: neighbours runs on the first {NEIGHBOUR_CASES_CPU} "
+            "cases of each component there (the interpreter pays per launch); GPU lanes run every case"
+        )
+        return None
+    transforms = neighbours.TRANSFORMS if index is None else neighbours.CPU_TRANSFORM_GROUPS[index]
+    batch, n = run.batch, run.batch.num_rows
+    if model is not None and n < 2:  # one request: beside the first requests of the co_batch pool
+        pool = next(iter(_pools(run, model).values()))
+        if pool.num_rows:
+            batch = model.concat([batch, model.take(pool, list(range(min(3, pool.num_rows))))])
+    return invariance.neighbours(
+        run.call,
+        batch,
+        neighbour_victims(n, run.lane, run.generator),
+        rewrite if rewrite is not None else neighbours.rewrite_rows,
+        transforms,
+        "request" if model is not None else "row",
+    )
 
 
 def _config_equivalence(run: _Run) -> invariance.DriverResult | None:
@@ -640,6 +703,7 @@ DRIVERS: Mapping[str, Driver] = MappingProxyType(
         "placement": _placement,
         "phase": _phase,
         "padding": _padding,
+        "neighbours": _neighbours,
         "config_equivalence": _config_equivalence,
         "modes": _modes_check,
         "tp_degree": _tp_degree,

@@ -25,6 +25,7 @@ import torch
 from batchinv.harness import phases
 from batchinv.harness.compare import BitwiseReport, compare_bitwise
 from batchinv.harness.lanes import Lane
+from batchinv.harness.neighbours import Transform
 from batchinv.harness.phases import PhaseModel, Piece
 from batchinv.harness.registry import CO_BATCH_SIZES, Batch, Outputs, PaddingModel, RequestModel, as_outputs
 
@@ -353,16 +354,15 @@ def pack_at_offset(batch: Batch, offset: int, generator: torch.Generator) -> Bat
 
 
 def partition(
-    fn: Callable[[Batch, int | None], Outputs], batch: Batch, counts: Sequence[int]
+    fn: Callable[[Batch, int | None], Outputs], batch: Batch, counts: Sequence[int], name: str = "partitions"
 ) -> DriverResult:
-    """Any planned partition / SM count gives the same bits as the default plan (``None``)."""
+    """Any planned partition / SM count gives the same bits as the default plan (``None``);
+    ``name`` labels the axis in the report (``partitions=3``, ``tp_degree=2``)."""
     result = DriverResult()
     expected = tuple(o.detach().clone() for o in as_outputs(fn(batch, None)))
     for count in counts:
         got = tuple(o.detach().clone() for o in as_outputs(fn(batch, count)))
-        result.record(
-            f"partitions={count}", compare_outputs(expected, got, ("default plan", f"{count} partitions"))
-        )
+        result.record(f"{name}={count}", compare_outputs(expected, got, ("default plan", f"{name}={count}")))
     return result
 
 
@@ -470,6 +470,38 @@ def modes(
             eager_part, eager_calls = counted(eager, prefix)
             result.record(f"compiled M={m} vs eager", compare_outputs(eager_part, part))
             ran(f"compiled M={m} ran the operators", eager_calls, part_calls)
+    return result
+
+
+def neighbours(
+    fn: Impl,
+    batch: Batch,
+    victims: Sequence[int],
+    rewrite: Callable[[Batch, Sequence[int], Transform], tuple[Batch, bool]],
+    transforms: Sequence[Transform],
+    unit: str = "row",
+) -> DriverResult:
+    """A victim unit's bits do not move when only the other units' *contents* change.
+
+    For each victim ``v``: its outputs in ``fn(batch)`` (the original neighbours) are the
+    expectation; for each transform ``t``, ``rewrite(batch, [v], t)`` is the same launch -- same
+    shapes, layout and victim -- with every other unit's contents rewritten by ``t`` (scaled by
+    1e3, set to NaN...: :mod:`batchinv.harness.neighbours`), and ``v``'s outputs there must be
+    bitwise equal.  A transform that changes nothing (no other unit, or no data the transform
+    can express) is not compared.  A failure names the victim, the transform and the first
+    differing position: ``victim row 3 beside neighbours scaled by 1e3 vs original neighbours``.
+    """
+    result = DriverResult(vacuous=f"no other {unit} with floating-point contents to rewrite")
+    base = _call(fn, batch)
+    for v in victims:
+        want = _rows(base, v)
+        for t in transforms:
+            rewritten, changed = rewrite(batch, [v], t)
+            if not changed:
+                continue
+            got = _rows(_call(fn, rewritten), v)
+            label = f"victim {unit} {v} beside neighbours {t.label} vs original neighbours"
+            result.record(label, compare_outputs(want, got), [v])
     return result
 
 

@@ -63,6 +63,7 @@ COMPONENT_MODULES: tuple[str, ...] = (
     "sdpa_attention",
     "sampler",
     "all_reduce",
+    "tp_linear",
 )
 
 #: The default batch-size sweep (docs/DESIGN.md, "Sweep axes"); GPU lanes add 4096.
@@ -346,6 +347,12 @@ PHASE_CHECKS: tuple[str, ...] = ("phase",)
 #: (``Component.padding``): a sequence's bits do not depend on how much padding its launch puts
 #: before or after it.
 PADDING_CHECKS: tuple[str, ...] = ("padding",)
+#: The check of components with floating-point inputs (``Component.dtypes``), row-wise and
+#: request-level alike: a victim row's (request's) bits do not move when only the *other* units'
+#: contents change (scaled by 1e3 and 1e-3, +-inf, NaN, zeros, max-normal, subnormal;
+#: ``harness/neighbours.py``): a batch-wide statistic (a dynamic FP8 scale, an eps scaled by the
+#: batch max) cannot hide behind neighbours that happen to look alike.
+NEIGHBOUR_CHECKS: tuple[str, ...] = ("neighbours",)
 #: The checks of components with several executions (``Component.configs``): every config the
 #: launcher may pick gives the shipped one's bits.
 CONFIG_CHECKS: tuple[str, ...] = ("config_equivalence",)
@@ -361,6 +368,7 @@ INVARIANCE_CHECKS: tuple[str, ...] = (
     *REQUEST_CHECKS,
     *PHASE_CHECKS,
     *PADDING_CHECKS,
+    *NEIGHBOUR_CHECKS,
     *CONFIG_CHECKS,
     *MODE_CHECKS,
     *TP_CHECKS,
@@ -424,6 +432,13 @@ class RequestModel:
             request -- a plan's partition id moves with the batch size and the partition count
             by design -- and is judged by agreement and repeat alone.  None: every output is
             the request's own.
+        rewrite_others: ``rewrite_others(batch, keep, transform) -> (Batch, changed)``: the
+            same launch (shapes, layout, tables) with the contents of every request not in
+            ``keep`` rewritten by the ``neighbours`` check's ``transform``
+            (:class:`batchinv.harness.neighbours.Transform`), wherever the model keeps them
+            (a paged model: the pool tokens only those requests reference); ``changed``: whether
+            anything changed.  None: :func:`batchinv.harness.neighbours.rewrite_rows` (the
+            floating-point ``rows`` of the other requests; ``shared`` is configuration).
     """
 
     take: Callable[[Batch, Sequence[int]], Batch]
@@ -432,6 +447,7 @@ class RequestModel:
     neighbours: Callable[[Case, Lane], Mapping[str, Case]] | None = None
     co_batch_sizes: Callable[[Lane], tuple[int, ...]] | None = None
     local: Callable[[Outputs], Outputs] | None = None
+    rewrite_others: Callable[[Batch, Sequence[int], Any], tuple[Batch, bool]] | None = None
 
 
 #: Left and right padding amounts of the padding check on GPU lanes: 0..300 with every tile and
@@ -505,6 +521,10 @@ class Component:
             at ``row_start = offset`` inside wider rows (outputs must be bitwise equal); None when
             the component has no row window.
         partition_arg: name of the fast keyword that sets the planned SM / partition count, if any.
+        partition_counts: ``partition_counts(lane) -> tuple`` of the counts the ``partition``
+            check tries (each must give the default's bits); None: the SM axis
+            (:func:`batchinv.harness.invariance.sm_partition_counts`).  ``tp_linear``'s are its
+            tensor-parallel degrees 1, 2, 4, 8.
         strategy: ``strategy(lane, device)`` -> a hypothesis strategy of :class:`Batch` for property
             tests, or None.
         bench_cases: ``bench_cases(lane)`` -> cases for ``batchinv bench``.
@@ -525,14 +545,16 @@ class Component:
         requests: set for a request-level component: its :class:`RequestModel`.  Its outputs
             have dim 0 = request (e.g. ``o [R, Q, Hq, D]``, ``lse [R, Q, Hq]``) and its checks are
             agreement, co_batch, slot, placement, phase (with ``phase``), partition (with
-            ``partition_arg``) and repeat, never batch_prefix, position or row_start.
+            ``partition_arg``), repeat and neighbours, never batch_prefix, position or row_start.
         checks: None (the default): the checks follow from the fields above (see
             :meth:`applicable_checks`).  Otherwise the explicit set of checks that apply, a
             subset of :data:`CHECKS` with "agreement"; for a *global* component whose output
             rows are not functions of their own input rows alone (``moe_align``: a pair's
             position depends on every other token's experts), where the row checks
             (batch_prefix, position, row_start) would compare things the contract never
-            promised equal.  It can only narrow: "row_start" still needs ``shift_row_start``,
+            promised equal; or for a composition whose row checks another component runs
+            (``tp_linear`` at its default degree is the pinned matmul).  It can only narrow:
+            "row_start" still needs ``shift_row_start``,
             "partition" ``partition_arg``, the request checks ``requests``.
         torch_op: the component's ``torch.ops.batchinv`` operator behind the fast signature
             (:mod:`batchinv.fast.enable.ops`): the subject of the ``modes`` check.  None: no operator.
@@ -581,6 +603,7 @@ class Component:
     error_cases: Callable[[torch.device], Sequence[ErrorCase]] = lambda device: ()
     shift_row_start: Callable[[Batch, int, torch.Generator], Batch] | None = None
     partition_arg: str | None = None
+    partition_counts: Callable[[Lane], tuple[int, ...]] | None = None
     strategy: Callable[[Lane, torch.device], Any] | None = None
     bench_cases: Callable[[Lane], Sequence[Case]] = lambda lane: ()
     bench_bytes: Callable[[Batch], int] | None = None
@@ -624,8 +647,9 @@ class Component:
 
     def applicable_checks(self) -> tuple[str, ...]:
         """The checks that apply to this component (row_start and partition are optional; a
-        request-level component has the request checks instead of the row checks; ``checks``,
-        when set, narrows them to its members)."""
+        request-level component has the request checks instead of the row checks; neighbours
+        needs a floating-point dtype in ``dtypes``; ``checks``, when set, narrows them to its
+        members)."""
         derived = self._derived_checks()
         if self.checks is None:
             return derived
@@ -637,13 +661,19 @@ class Component:
         phase = PHASE_CHECKS if self.phase is not None else ()
         padding = PADDING_CHECKS if self.padding is not None else ()
         tp = TP_CHECKS if self.tp_degrees is not None else ()
+        floating = any(d.is_floating_point for d in self.dtypes)  # integer plans have no contents to vary
+        neighbours = NEIGHBOUR_CHECKS if floating else ()
         if self.requests is not None:
             partition = ("partition",) if self.partition_arg is not None else ()
             modes = (*modes, *tp)  # tp_degree, the last check
-            return ("agreement", *REQUEST_CHECKS, *phase, *padding, *partition, "repeat", *configs, *modes)
+            return (
+                "agreement", *REQUEST_CHECKS, *phase, *padding, *partition, "repeat", *neighbours, *configs, *modes,
+            )  # fmt: skip
         skip = set(REQUEST_CHECKS) | set(PHASE_CHECKS) | set(PADDING_CHECKS)
         if self.tp_degrees is None:
             skip.update(TP_CHECKS)
+        if not floating:
+            skip.update(NEIGHBOUR_CHECKS)
         if self.configs is None:
             skip.update(CONFIG_CHECKS)
         if self.torch_op is None:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from batchinv.harness.lanes import Lane
+from batchinv.harness.neighbours import Transform, rewritable, rewrite_at, rewrite_rows
 from batchinv.harness.registry import Batch, Case, RequestModel
 
 # --- hypothesis strategies ------------------------------------------------------------------
@@ -255,6 +256,36 @@ class PagedLayout:
         rows[self.block_table] = new_table.to(dtype=bt.dtype, device=bt.device)
         return Batch(rows, shared)
 
+    def rewrite_others(self, batch: Batch, keep: Sequence[int], transform: Transform) -> tuple[Batch, bool]:
+        """The ``neighbours`` check's rewrite: the same launch (tables, lengths, pools of the
+        same shape and layout) with the contents of every request not in ``keep`` rewritten by
+        ``transform``: its floating-point rows (:func:`batchinv.harness.neighbours.rewrite_rows`)
+        and, in every pool, the tokens it references that no kept request references (a page
+        shared with a kept request is the kept request's data).  Unreferenced tokens stay NaN.
+        Also returns whether anything changed."""
+        out, changed = rewrite_rows(batch, keep, transform)
+        table = batch.rows[self.block_table].cpu().to(torch.int64)
+        lengths = [int(n) for n in batch.rows[self.seq_lens].cpu().tolist()]
+        first = batch.shared[self.pools[0]]
+        page_size = int(first.shape[1])
+        kept_set = {int(k) for k in keep}
+        kept = torch.zeros(first.shape[:2], dtype=torch.bool)
+        others = torch.zeros(first.shape[:2], dtype=torch.bool)
+        for r, length in enumerate(lengths):
+            mask = kept if r in kept_set else others
+            for j in range(pages_needed([length], page_size)[0]):
+                mask[int(table[r, j]), : min(page_size, length - j * page_size)] = True
+        target = others & ~kept
+        shared = dict(out.shared)
+        for name in self.pools:
+            pool: torch.Tensor = batch.shared[name]
+            if not rewritable(pool):
+                continue
+            new = rewrite_at(pool, target.to(pool.device), transform)
+            if new is not None:
+                shared[name], changed = new, True
+        return Batch(out.rows, shared), changed
+
     def check_unreferenced_is_nan(self, batch: Batch) -> None:
         """Raise ``AssertionError`` if a pool holds a non-NaN element no request references (a
         case builder's self-check: docs/DESIGN.md, "Units: rows and requests", asks unreferenced
@@ -280,7 +311,7 @@ class PagedLayout:
         co_batch_sizes: Callable[[Lane], tuple[int, ...]] | None = None,
     ) -> RequestModel:
         """The :class:`~batchinv.harness.registry.RequestModel` of this layout: its
-        :meth:`take`, :meth:`concat` and :meth:`relocate`, and ``neighbours`` and
+        :meth:`take`, :meth:`concat`, :meth:`relocate` and :meth:`rewrite_others`, and ``neighbours`` and
         ``co_batch_sizes`` as given."""
         return RequestModel(
             take=self.take,
@@ -288,6 +319,7 @@ class PagedLayout:
             relocate=self.relocate,
             neighbours=neighbours,
             co_batch_sizes=co_batch_sizes,
+            rewrite_others=self.rewrite_others,
         )
 
 

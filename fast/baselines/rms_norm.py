@@ -14,6 +14,12 @@
   kernel only when every pointer is 16-byte aligned and falls back to a differently tiled
   kernel otherwise, so a row placed at an unaligned ``row_start`` can change bits (the
   composite fallback's reduction also plans its split from the number of rows).
+* ``eps_by_batch_max``: the pinned kernel with ``eps`` scaled by the launch's largest finite
+  ``|x|`` (``eps * max(1, amax)``), the way a norm that sizes its guard from the activations'
+  dynamic range over the whole batch does: a row's rstd, hence its bits, follows the largest
+  element of its neighbours.  Same shapes, same row, other neighbours' *values*: the negative
+  control of the ``neighbours`` check (it also varies with M).  It syncs with the host (the amax
+  becomes the launch's eps), so it is not timed.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import replace
 import torch
 
 from batchinv.fast.device import arch, check_launch_device
-from batchinv.fast.rms_norm import RmsNormConfig, config_for, launch_rows
+from batchinv.fast.rms_norm import RmsNormConfig, config_for, launch_rows, rms_norm
 from batchinv.reference.rms_norm import check_rms_norm_args
 
 #: The token count at which the rows-dependent heuristic switches tiles.
@@ -60,6 +66,18 @@ def fused_add_rms_norm_rows_block(
     out, residual_out = launch_rows(x, residual, weight, float(eps), config)
     assert residual_out is not None
     return out, residual_out
+
+
+def rms_norm_eps_by_batch_max(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1
+) -> torch.Tensor:
+    """:func:`batchinv.fast.rms_norm.rms_norm` with ``eps * max(1, amax)``, ``amax`` the largest
+    finite ``|x|`` of the whole launch (unpinned: the eps of a row follows its neighbours)."""
+    check_rms_norm_args(x, weight, eps, dim)
+    xf = x.to(torch.float32)
+    finite = torch.where(torch.isfinite(xf), xf.abs(), torch.zeros_like(xf))
+    amax = float(finite.amax()) if x.numel() else 0.0
+    return rms_norm(x, weight, float(eps) * max(1.0, amax), dim)
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, dim: int = -1) -> torch.Tensor:

@@ -650,6 +650,15 @@ COMPONENT = Component(
             "from the token count, as vLLM's tuned per-T tables pick them, and the atomic-add combine",
             expected_to_vary_on=ALL_LANES,
         ),
+        Baseline(
+            "per_tensor_fp8_activations",
+            bl.per_tensor_fp8_activations,
+            "online FP8 experts (vLLM #57016): both GEMMs' activations quantized with one dynamic e4m3 "
+            "scale, the amax over every co-batched token, so a token's output follows the largest "
+            "activation of the launch -- the negative control of neighbours",
+            expected_to_vary_on=ALL_LANES,
+            timed=False,
+        ),
     ),
     cases=cases,
     build=build,

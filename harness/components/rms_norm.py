@@ -407,6 +407,15 @@ COMPONENT = Component(
             expected_to_vary_on=GPU_LANES,
             modes=baselines.rms_norm_torch_unchecked,
         ),
+        Baseline(
+            name="eps_by_batch_max",
+            fn=baselines.rms_norm_eps_by_batch_max,
+            why=(
+                "eps scaled by the launch's largest finite |x|: a row's rstd follows its neighbours' "
+                "values -- the negative control of neighbours"
+            ),
+            timed=False,
+        ),
     ),
     cases=make_cases("rms_norm", fused=False),
     build=make_builder(fused=False),

@@ -86,8 +86,8 @@ def test_negative_control_raises_variance_detected_only_for_variance():
         negative_control(comp, "crashes", Lane.CPU)
     assert not isinstance(info.value, VarianceDetected)
     assert (
-        len(negative_control(_toy(baselines=[Baseline("same", _scale, "x")]), "same", Lane.CPU)) == 2 * 3
-    )  # 2 cases x (batch_prefix, position, repeat)
+        len(negative_control(_toy(baselines=[Baseline("same", _scale, "x")]), "same", Lane.CPU)) == 2 * 4
+    )  # 2 cases x (batch_prefix, position, repeat, neighbours)
 
 
 def test_pytest_negative_controls_fail_on_a_crash_and_on_no_variance(tmp_path):
@@ -421,11 +421,14 @@ def _toy_rows(rows: int, **kw):
 def test_checks_that_compare_nothing_are_skipped_not_passed():
     empty = run_sweep([_toy_rows(0)], Lane.CPU, include_baselines=False)
     assert {c.check: c.status for c in empty.checks} == dict.fromkeys(
-        ("agreement", "batch_prefix", "position", "repeat"), "skip"
+        ("agreement", "batch_prefix", "position", "repeat", "neighbours"), "skip"
     )
     one = {c.check: c.status for c in run_sweep([_toy_rows(1)], Lane.CPU, include_baselines=False).checks}
     # batch_prefix cycles the first case's row to 2..8 rows (the row-threshold sweep): it compares
-    assert one == {"agreement": "pass", "batch_prefix": "pass", "position": "skip", "repeat": "pass"}
+    # neighbours: a one-row case has no other row whose contents could change
+    assert one == {
+        "agreement": "pass", "batch_prefix": "pass", "position": "skip", "repeat": "pass", "neighbours": "skip",
+    }  # fmt: skip
     # a one-row case further down the list has no M below its rows: nothing to compare
     comp = _toy_rows(1)
     two_cases = Component(

@@ -216,12 +216,13 @@ def test_the_request_checks_follow_the_row_checks_and_apply_only_to_request_leve
         "placement",
         "phase",
         "padding",
+        "neighbours",
         "config_equivalence",
         "modes",
         "tp_degree",
     )
     assert set(REQUEST_CHECKS) <= set(INVARIANCE_CHECKS)
-    assert TOY.applicable_checks() == ("agreement", "co_batch", "slot", "placement", "repeat")
+    assert TOY.applicable_checks() == ("agreement", "co_batch", "slot", "placement", "repeat", "neighbours")
     with_partition = Component(**{**TOY.__dict__, "partition_arg": "num_sm_parts"})
     assert with_partition.applicable_checks() == (
         "agreement",
@@ -230,6 +231,7 @@ def test_the_request_checks_follow_the_row_checks_and_apply_only_to_request_leve
         "placement",
         "partition",
         "repeat",
+        "neighbours",
     )
     for comp in components():  # the row-wise components keep their checks; request-level ones get theirs
         if comp.requests is None:

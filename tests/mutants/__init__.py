@@ -346,7 +346,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "fp8_quant",
         kernels.fp8_quant_amax_over_launch_tile,
         "amax over the program's whole row block, not per row: a token's scale depends on its neighbours",
-        ("batch_prefix",),
+        ("batch_prefix", "neighbours"),
+    ),
+    Mutant(
+        "tp_linear_gathered_in_reverse_rank_order",
+        "tp_linear",
+        kernels.tp_linear_gathered_in_reverse_rank_order,
+        "the all-reduce adds the ranks' chunk sums last rank first: another chunk chain per TP degree",
+        ("partition",),
+    ),
+    Mutant(
+        "rms_norm_eps_by_tile_max",
+        "rms_norm",
+        kernels.rms_norm_eps_by_tile_max,
+        "eps scaled by the largest mean square of the program's row tile: a row's rstd follows the "
+        "values of its neighbours (same shapes, same row)",
+        ("neighbours",),
     ),
     Mutant(
         "moe_align_groups_not_padded",

@@ -24,6 +24,7 @@ import batchinv.fast.kernels.mean as mean_kernels
 import batchinv.fast.kernels.moe_align as moe_align_kernels
 import batchinv.fast.kernels.moe_router as moe_router_kernels
 import batchinv.fast.kernels.primitives as primitives
+import batchinv.fast.kernels.rms_norm as rms_norm_kernels
 import batchinv.fast.kernels.softmax as softmax_kernels
 import batchinv.fast.kernels.swiglu as swiglu_kernels
 import batchinv.fast.kernels.topk as topk_kernels
@@ -39,6 +40,7 @@ from batchinv.fast import rms_norm as rms_norm_launcher
 from batchinv.fast import softmax as softmax_launcher
 from batchinv.fast import swiglu as swiglu_launcher
 from batchinv.fast import topk as topk_launcher
+from batchinv.fast import tp_linear as tp_linear_launcher
 from batchinv.reference.topk import topk as reference_topk
 
 from .patch import mutate
@@ -595,6 +597,20 @@ def matmul_bucket_frozen_at_trace_time() -> Callable[..., Any]:
     return subject
 
 
+# --- tp_linear --------------------------------------------------------------------------------
+
+
+def tp_linear_gathered_in_reverse_rank_order() -> Callable[..., Any]:
+    """The all-reduce gathers the ranks' chunk sums last rank first (each rank's own chunks
+    still in order): the chunk chain is another association at every degree above 1."""
+    return mutate(  # type: ignore[no-any-return]
+        tp_linear_launcher,
+        "tp_linear",
+        "ws = torch.stack([partial for rank in gathered for partial in rank])  # [chunks, M, N] fp32",
+        "ws = torch.stack([partial for rank in reversed(gathered) for partial in rank])",
+    )
+
+
 # --- rms_norm ---------------------------------------------------------------------------------
 
 _RMS_CONFIG = "config = config_for(arch(x.device), x.dtype, x.shape[1])"
@@ -605,6 +621,19 @@ def _fp32_sum_above(rows: int) -> Callable[[Any, int], Any]:
         return replace(config, fp64_sum=False) if num_rows > rows else config
 
     return pick
+
+
+def rms_norm_eps_by_tile_max() -> Callable[..., Any]:
+    """eps scaled by the largest mean square of the program's row tile (a guard sized from the
+    batch's dynamic range): a row's rstd follows the values of the rows launched beside it."""
+    kernel = mutate(
+        rms_norm_kernels,
+        "_rstd_split",
+        "rstd = 1.0 / tl.sqrt(mean_sq + tl.full([BLOCK_M], eps, tl.float32).to(tl.float64))",
+        "rstd = 1.0 / tl.sqrt(mean_sq + tl.full([BLOCK_M], eps, tl.float32).to(tl.float64) * tl.max(mean_sq, axis=0))",
+        entry="rms_norm_rows_kernel",
+    )
+    return with_kernel(rms_norm_launcher, "rms_norm_rows_kernel", kernel, rms_norm_launcher.rms_norm)
 
 
 def rms_norm_fp32_sum_above(rows: int) -> Callable[..., Any]:
