@@ -17,8 +17,22 @@ from batchinv.harness.bench import time_call
 
 
 @triton.jit
-def gemv_chunk_kernel(x_ptr, w_ptr, ws_ptr, M, N, K, chunk_k, stride_xm, stride_wn, stride_ws_c, stride_ws_m,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr):
+def gemv_chunk_kernel(
+    x_ptr,
+    w_ptr,
+    ws_ptr,
+    M,
+    N,
+    K,
+    chunk_k,
+    stride_xm,
+    stride_wn,
+    stride_ws_c,
+    stride_ws_m,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UNROLL: tl.constexpr,
+):
     pid_n = tl.program_id(0)
     chunk = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -38,7 +52,12 @@ def gemv_chunk_kernel(x_ptr, w_ptr, ws_ptr, M, N, K, chunk_k, stride_xm, stride_
             a = tl.load(x_rows + kk, mask=m_ok & ok, other=0.0)
             b = tl.load(w_rows + kk, mask=n_ok & ok, other=0.0)
             acc = tl.fma(a[:, None], b[None, :], acc)
-    ws = ws_ptr + chunk.to(tl.int64) * stride_ws_c + offs_m[:, None].to(tl.int64) * stride_ws_m + offs_n[None, :]
+    ws = (
+        ws_ptr
+        + chunk.to(tl.int64) * stride_ws_c
+        + offs_m[:, None].to(tl.int64) * stride_ws_m
+        + offs_n[None, :]
+    )
     tl.store(ws, acc, mask=m_ok[:, None] & n_ok[None, :])
 
 
@@ -49,12 +68,41 @@ def gemv(x, w, chunk_k, block_m, block_n, warps, unroll):
     ws = torch.empty((chunks, m, n), device=x.device, dtype=torch.float32)
     out = torch.empty((m, n), device=x.device, dtype=torch.float32)
     gemv_chunk_kernel[(-(n // -block_n), chunks, -(m // -block_m))](
-        x, w, ws, m, n, k, chunk_k, x.stride(0), w.stride(0), ws.stride(0), ws.stride(1),
-        BLOCK_M=block_m, BLOCK_N=block_n, UNROLL=unroll, num_warps=warps)
+        x,
+        w,
+        ws,
+        m,
+        n,
+        k,
+        chunk_k,
+        x.stride(0),
+        w.stride(0),
+        ws.stride(0),
+        ws.stride(1),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        UNROLL=unroll,
+        num_warps=warps,
+    )
     sm, sn = SUM_TILE
     chunk_sum_kernel[(-(m // -sm), -(n // -sn))](
-        ws, out, out, m, n, chunks, ws.stride(0), ws.stride(1), out.stride(0), out.stride(1), 0,
-        BLOCK_M=sm, BLOCK_N=sn, HAS_BIAS=False, INTERPRETED=False, num_warps=4)
+        ws,
+        out,
+        out,
+        m,
+        n,
+        chunks,
+        ws.stride(0),
+        ws.stride(1),
+        out.stride(0),
+        out.stride(1),
+        0,
+        BLOCK_M=sm,
+        BLOCK_N=sn,
+        HAS_BIAS=False,
+        INTERPRETED=False,
+        num_warps=4,
+    )
     return out
 
 
@@ -75,15 +123,26 @@ def main() -> int:
             base, _ = time_call(lambda x=x, w=w: torch.nn.functional.linear(x, w), 30)
             ship, _ = time_call(lambda x=x, w=w: matmul(x, w, out_dtype=torch.float32), 30)
             line = f"N={n} K={k} M={m:<3} cublas {base:6.1f}  shipped {ship:6.1f}"
-            for bm, bn, wp, un in ((1, 128, 4, 8), (1, 64, 2, 8), (2, 128, 4, 8), (4, 128, 4, 8), (1, 256, 8, 8),
-                                   (1, 128, 4, 4), (8, 128, 4, 8), (16, 64, 4, 4)):
+            for bm, bn, wp, un in (
+                (1, 128, 4, 8),
+                (1, 64, 2, 8),
+                (2, 128, 4, 8),
+                (4, 128, 4, 8),
+                (1, 256, 8, 8),
+                (1, 128, 4, 4),
+                (8, 128, 4, 8),
+                (16, 64, 4, 4),
+            ):
                 if bm > 2 * m:
                     continue
                 got = gemv(x, w, tree.chunk_k, bm, bn, wp, un)
                 same = torch.equal(got.view(torch.int32), want.view(torch.int32))
                 bad += not same
                 us, _ = time_call(
-                    lambda x=x, w=w, c=tree.chunk_k, bm=bm, bn=bn, wp=wp, un=un: gemv(x, w, c, bm, bn, wp, un), 30
+                    lambda x=x, w=w, c=tree.chunk_k, bm=bm, bn=bn, wp=wp, un=un: gemv(
+                        x, w, c, bm, bn, wp, un
+                    ),
+                    30,
                 )
                 line += f" | {bm}x{bn}w{wp}u{un} {us:6.1f}{'' if same else ' DIFF'}"
             print(line, flush=True)

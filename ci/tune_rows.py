@@ -32,8 +32,13 @@ from batchinv.harness.bench import time_call
 REPS = 30
 ROWS = (1, 64, 1024, 4096)
 
-MEAN_POINTS = [(torch.bfloat16, 4096), (torch.float32, 4096), (torch.bfloat16, 2560), (torch.bfloat16, 8192),
-               (torch.float32, 8192)]
+MEAN_POINTS = [
+    (torch.bfloat16, 4096),
+    (torch.float32, 4096),
+    (torch.bfloat16, 2560),
+    (torch.bfloat16, 8192),
+    (torch.float32, 8192),
+]
 MEAN_TILES = [
     RowConfig(1, 8192, 16),
     RowConfig(1, 4096, 16),
@@ -69,8 +74,15 @@ NORM_TILES: list[tuple[int, int | None, int]] = [
 
 
 def _row(kind: str, dtype: torch.dtype, n: int, rows: int, impl: str, us: float, same: Any) -> dict:
-    return {"kernel": kind, "dtype": str(dtype).removeprefix("torch."), "n": n, "rows": rows,
-            "impl": impl, "us": round(us, 2), "bits_equal_shipped": same}
+    return {
+        "kernel": kind,
+        "dtype": str(dtype).removeprefix("torch."),
+        "n": n,
+        "rows": rows,
+        "impl": impl,
+        "us": round(us, 2),
+        "bits_equal_shipped": same,
+    }
 
 
 def _time(fn: Callable[[], Any]) -> float:
@@ -120,14 +132,20 @@ def _norm_point(out: list[dict], dtype: torch.dtype, n: int, rows: int, fused: b
     def production() -> Any:
         return F.rms_norm(x + res if res is not None else x, (n,), w, eps)
 
-    out.append(_row(kind, dtype, n, rows, "F.rms_norm" + (" (x + residual)" if fused else ""),
-                    _time(production), None))
+    out.append(
+        _row(
+            kind, dtype, n, rows, "F.rms_norm" + (" (x + residual)" if fused else ""), _time(production), None
+        )
+    )
     us = _time(lambda: fast_rms_norm.launch_rows(x, res, w, eps, shipped_cfg))
     out.append(_row(kind, dtype, n, rows, f"shipped {shipped_cfg}", us, True))
     for block_m, block_n, warps in NORM_TILES:
         cfg = fast_rms_norm.RmsNormConfig(
-            block_m=block_m, block_n=block_n or shipped_cfg.block_n, num_warps=warps,
-            row_align=shipped_cfg.row_align)
+            block_m=block_m,
+            block_n=block_n or shipped_cfg.block_n,
+            num_warps=warps,
+            row_align=shipped_cfg.row_align,
+        )
         if cfg == shipped_cfg:
             continue
         y, _ = fast_rms_norm.launch_rows(x, res, w, eps, cfg)
@@ -145,11 +163,16 @@ def tune_rms_norm(out: list[dict], fused: bool = False) -> None:
 
 
 def print_rows(rows: list[dict]) -> None:
-    base = next((r["us"] for r in rows if not str(r["impl"]).startswith(("shipped", "RowConfig", "RmsNorm"))), None)
+    base = next(
+        (r["us"] for r in rows if not str(r["impl"]).startswith(("shipped", "RowConfig", "RmsNorm"))), None
+    )
     for r in rows:
         ratio = f"{r['us'] / base:5.2f}x" if base else ""
-        print(f"{r['kernel']:9} {r['dtype']:9} N={r['n']:<7} rows={r['rows']:<5} {r['us']:9.2f} us {ratio} "
-              f"same={r['bits_equal_shipped']!s:5} {r['impl']}", flush=True)
+        print(
+            f"{r['kernel']:9} {r['dtype']:9} N={r['n']:<7} rows={r['rows']:<5} {r['us']:9.2f} us {ratio} "
+            f"same={r['bits_equal_shipped']!s:5} {r['impl']}",
+            flush=True,
+        )
 
 
 def main(outdir: Path) -> int:

@@ -431,4 +431,9 @@ COMPONENT = Component(
     bench_bytes=bench_bytes,
     oracle=oracle,
     requests=RequestModel(take=take, concat=concat, relocate=relocate, neighbours=neighbours),
+    # Not `neighbours` yet: that check rewrites every floating-point row, and the sampler's
+    # temperature and top_p rows are per-request parameters with a valid range, not contents
+    # (the H200 sweep and CI: 'top_p 1000.0 at request 1').  The check needs a way to name a
+    # component's content rows first (open item of issue 27).
+    checks=("agreement", "co_batch", "slot", "placement", "repeat"),
 )

@@ -133,11 +133,11 @@ def test_counts_line_component_line_legend_and_80_columns():
         ),
     )
     assert lines == [
-        "toy: agreement pass, batch_prefix fail (2/2), position pass, repeat pass; controls: varies detected "
+        "toy: agreement pass, batch_prefix fail (2/2), position pass, repeat pass, neighbours pass; controls: varies detected "
         f"(batch_prefix) [{sum(c.seconds for c in outcome.checks) + outcome.controls[0].seconds:.1f} s]"
     ]
     assert counts_line(outcome) == (
-        "counts: checks 3 passed, 1 failed, 0 skipped, 0 reference path (of 4 component x check); "
+        "counts: checks 4 passed, 1 failed, 0 skipped, 0 reference path (of 5 component x check); "
         "negative controls 1/1 required detected"
     )
     from rich.console import Console
