@@ -41,6 +41,7 @@ token is an id in ``[0, V)``.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -227,6 +228,27 @@ def sample_row(
     return token, logprob, {"kept": kept, "z": z}
 
 
+def _sample_rows(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seeds: torch.Tensor,
+    step: torch.Tensor,
+) -> Iterator[tuple[int, float, dict[str, Any]]]:
+    """:func:`sample_row` of every request in order, on host copies of the arguments."""
+    host = [t.detach().cpu() for t in (logits, temperature, top_k, top_p, seeds, step)]
+    for r in range(logits.shape[0]):
+        yield sample_row(
+            host[0][r],
+            float(host[1][r]),
+            int(host[2][r]),
+            float(host[3][r]),
+            int(host[4][r]),
+            int(host[5][r]),
+        )
+
+
 def sampler(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -263,16 +285,7 @@ def sampler(
     rows = logits.shape[0]
     tokens = torch.zeros(rows, dtype=torch.int64)
     logprob = torch.zeros(rows, dtype=torch.float64)
-    host = [t.detach().cpu() for t in (logits, temperature, top_k, top_p, seeds, step)]
-    for r in range(rows):
-        tok, lp, _ = sample_row(
-            host[0][r],
-            float(host[1][r]),
-            int(host[2][r]),
-            float(host[3][r]),
-            int(host[4][r]),
-            int(host[5][r]),
-        )
+    for r, (tok, lp, _) in enumerate(_sample_rows(logits, temperature, top_k, top_p, seeds, step)):
         tokens[r], logprob[r] = tok, lp
     return tokens.to(logits.device), logprob.to(logits.device)
 
@@ -305,16 +318,7 @@ def tolerance_bound(
     rows = logits.shape[0]
     tok_bound = torch.zeros(rows, dtype=torch.float64)
     lp_bound = torch.zeros(rows, dtype=torch.float64)
-    host = [t.detach().cpu() for t in (logits, temperature, top_k, top_p, seeds, step)]
-    for r in range(rows):
-        tok, lp, info = sample_row(
-            host[0][r],
-            float(host[1][r]),
-            int(host[2][r]),
-            float(host[3][r]),
-            int(host[4][r]),
-            int(host[5][r]),
-        )
+    for r, (tok, lp, info) in enumerate(_sample_rows(logits, temperature, top_k, top_p, seeds, step)):
         z = info["z"]
         if z is None:
             continue
