@@ -418,6 +418,9 @@ class _Job:
     check: tuple[str, str] | None = None  # (check, case id) in flight
     call_since: float | None = None
     call_limit: float | None = None
+    #: a re-run after a device out-of-memory error beside other workers: runs with no other
+    #: unit in flight (:func:`_execute`)
+    alone: bool = False
 
 
 @dataclass
@@ -460,6 +463,21 @@ def _lost_row(
     return row, rest
 
 
+#: How a check that ran out of device memory reads (``torch.OutOfMemoryError``'s message).
+_OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory")
+
+
+def _out_of_memory(result: CheckResult) -> bool:
+    """Whether the row is an ``error`` from running out of device memory."""
+    return result.status == "error" and any(m in result.detail for m in _OUT_OF_MEMORY)
+
+
+def _alone_note(jobs: int) -> str:
+    return (
+        f"re-run alone: its first run ran out of device memory in the pool of {jobs} workers sharing the GPU"
+    )
+
+
 def _signal_name(code: int | None) -> str:
     if code is None:
         return "no exit code"
@@ -481,7 +499,11 @@ def _execute(
 ) -> Iterable[tuple[Unit, list[CheckResult], compile_stats.CompileStats]]:
     """Yield each unit's results as it completes (in order when ``jobs == 1``).
 
-    With ``jobs > 1`` the units run in that many worker processes, one unit at a time each.  A
+    With ``jobs > 1`` the units run in that many worker processes, one unit at a time each.  The
+    workers share the GPU: a check that ran out of device memory (``torch.OutOfMemoryError``)
+    runs again at the end with no other unit in flight (a control's
+    whole unit, a fast case's checks that ran out); its row says so, and an out-of-memory error
+    when alone stays an ``error``.  A
     worker that dies (a segfault in a kernel, ``os._exit``) makes the check it was running an
     ``error`` row naming the signal; a worker whose subject call runs past its limit (plus a
     grace for the worker's own timer) is killed and the check is a ``timeout`` row.  Either way
@@ -521,6 +543,21 @@ def _execute(
     workers = [start(slot) for slot in range(min(jobs, len(units)))]
 
     def finish(job: _Job, results: list[CheckResult], stats: compile_stats.CompileStats) -> Any:
+        ran_out = [r for r in results if _out_of_memory(r)]
+        if ran_out and not job.alone:
+            u = job.unit
+            if u.case_index is not None:  # the checks that ran out, again; the others stand
+                collected[job.index] += [r for r in results if not _out_of_memory(r)]
+                again = Unit(u.component, u.subject, u.case_index, tuple(r.check for r in ran_out), u.pairs)
+            else:  # a control's verdict is its chain of checks: all of it, again
+                collected[job.index] = []
+                again = u
+            queue.append(_Job(job.index, again, alone=True))
+            return None
+        if job.alone:
+            note = _alone_note(jobs)
+            for r in results:
+                r.detail = f"{r.detail}; {note}" if r.detail else note
         collected[job.index] += results
         return units[job.index], collected.pop(job.index), stats
 
@@ -546,6 +583,9 @@ def _execute(
     try:
         while queue or any(w.job is not None for w in workers):
             for w in workers:
+                in_flight = [x.job for x in workers if x.job is not None]
+                if any(j.alone for j in in_flight) or (queue and queue[0].alone and in_flight):
+                    break  # a re-run after running out of device memory has the GPU to itself
                 if w.job is None and queue:
                     w.job = queue.popleft()
                     u = w.job.unit
@@ -566,6 +606,7 @@ def _execute(
                     continue
                 done: Any = None
                 dead = False
+                requeued = False
                 try:
                     while done is None and w.conn.poll():
                         msg = w.conn.recv()
@@ -580,10 +621,16 @@ def _execute(
                             job.call_since = None
                         elif msg[0] == "done":
                             done = finish(job, msg[1], msg[2])
+                            if done is None:  # queued to run again, alone
+                                requeued = True
+                                break
                         elif msg[0] == "failed":
                             done = lost_in_place(job, msg[1])
                 except (EOFError, OSError):
                     dead = True
+                if requeued:
+                    w.job = None
+                    continue
                 if done is not None:
                     w.job = None
                     yield done
