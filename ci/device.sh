@@ -24,6 +24,8 @@
 #                                                                                              [300 s]
 #   list              batchinv list                                                             [60 s]
 #   cli:ARGS          python -m batchinv.harness.cli ARGS                                      [300 s]
+#   sh:WORDS          bash -c "WORDS" (the words joined by spaces; @OUT@ is OUTDIR): a script of
+#                     ci/ or the outside kit ("sh:bash ci/vllm_gpu.sh sweep @OUT@")          [300 s]
 #
 # NAME is the kind (tune_NAME for tune, sweep-cold / sweep-warm for make-sweep), with -2, -3
 # ... on a repeat.  Every step is checked before the first runs (a typo costs no device time).
@@ -92,7 +94,10 @@ plan() {
         cli) base=cli; : "${cap:=300}"
             [ ${#args[@]} -gt 0 ] || { echo "$1: cli needs arguments" >&2; return 1; }
             cmd=("$PY" -m batchinv.harness.cli "${args[@]}") ;;
-        *) echo "$1: unknown step kind '$kind' (sweep pytest bench audit tune make-sweep make-test list cli)" >&2
+        sh) base=sh; : "${cap:=300}"
+            [ ${#args[@]} -gt 0 ] || { echo "$1: sh needs a command" >&2; return 1; }
+            cmd=(bash -c "${args[*]//@OUT@/$OUT}") ;;
+        *) echo "$1: unknown step kind '$kind' (sweep pytest bench audit tune make-sweep make-test list cli sh)" >&2
             return 1 ;;
     esac
     seen[$base]=$(( ${seen[$base]:-0} + 1 ))

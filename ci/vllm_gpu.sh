@@ -4,6 +4,7 @@
 #   bash ci/vllm_gpu.sh prepare          # dev machine (PyPI): the shim in .vllm-shim/ (~200 KB, git-ignored)
 #   bash ci/vllm_gpu.sh sweep [OUTDIR]   # device: the five subjects on the GPU lane through the shim
 #   bash ci/vllm_gpu.sh cpu [OUTDIR]     # dev machine: the same sweep on the cpu lane (Triton interpreter)
+#   bash ci/vllm_gpu.sh repro [OUTDIR]   # device: docs/upstream/vllm-mean-row-start.md's repro (ci/vllm_mean_repro.py)
 #
 # prepare: `pip download vllm==0.32.0 --no-deps` (327 MB, kept in .vllm-wheel/ for the next run),
 # then ci/vllm_shim.py copies vLLM's batch_invariant.py, batch_invariant_configs.py and
@@ -75,8 +76,15 @@ sweep | cpu)
     "$PY" ci/vllm_summary.py "$REPORT" | tee "$OUTDIR/vllm-summary-$tag.txt" || status=${PIPESTATUS[0]}
     exit $status
     ;;
+repro)
+    OUTDIR=${2:-reports}
+    mkdir -p "$OUTDIR"
+    [[ -f $SHIM/SHIM.json ]] || { echo "vllm_gpu.sh: no $SHIM (run 'bash ci/vllm_gpu.sh prepare' first)" >&2; exit 2; }
+    PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}" "$PY" -W ignore::RuntimeWarning ci/vllm_mean_repro.py \
+        "$OUTDIR/vllm-mean-repro.txt"
+    ;;
 *)
-    sed -n '2,6p' "$0" >&2
+    sed -n '2,7p' "$0" >&2
     exit 2
     ;;
 esac
