@@ -243,6 +243,15 @@ def run_shape(
     if padded:
         run.log(f"   _scaled_mm not plain: {padded}")
     run.add({"kind": "comparator", "shape": shape, "impl": "torch._scaled_mm", "us": base, "how": how})
+    prod = {}
+    for m in ms:  # the production path (the shipped tables), what issue 26's figures time
+        sliced = slice_rows(ops, m)
+        fp8_gemm(**sliced)
+        prod[m], _ = timer(lambda o=sliced: fp8_gemm(**o))
+    run.log(
+        "   shipped " + "  ".join(f"M={m}: {us:.1f}({ratio(us, base[m]):.2f}x)" for m, us in prod.items())
+    )
+    run.add({"kind": "production", "shape": shape, "impl": "batchinv (shipped tables)", "us": prod})
     grid2 = 2 * sm_count(device if device.type == "cuda" else None)
     want = fp8_gemm(**slice_rows(ops, BITS_M)).view(torch.int16)  # the shipped config's bits
     table = reduction_tree(key, FP8, n, k, layout)

@@ -220,7 +220,7 @@ def jobs(only: str | None) -> list[Job]:
     if not only:
         return list(ROUND)
     names = only.split(",")
-    by_name = {j.name: j for j in ROUND if j.chunks}  # the narrow shapes' full jobs
+    by_name = {j.name: j for j in ROUND}
     unknown = [x for x in names if x not in {f"{n}x{k}:{str(d)[6:]}" for n, k, d, _ in SHAPES}]
     if unknown:
         raise SystemExit(f"TUNE_SHAPES: unknown shape(s) {unknown}; known: NxK:dtype of SHAPES")
@@ -268,6 +268,15 @@ def run_job(run: Run, job: Job, key: str, device: torch.device, g: torch.Generat
         base[m], _ = timer(lambda x=x, w=w, o=out_dtype: comparator(x, w, o))
     run.log("   cuBLAS " + "  ".join(f"M={m}: {us:.1f}" for m, us in base.items()))
     run.add({"kind": "comparator", "shape": shape, "impl": "cublas", "us": base})
+    prod = {}
+    for m in job.ms:  # the production path (the shipped tables), what issue 26's figures time
+        x = x_all[:m]
+        matmul(x, w, out_dtype=out_dtype)
+        prod[m], _ = timer(lambda x=x, w=w, o=out_dtype: matmul(x, w, out_dtype=o))
+    run.log(
+        "   shipped " + "  ".join(f"M={m}: {us:.1f}({ratio(us, base[m]):.2f}x)" for m, us in prod.items())
+    )
+    run.add({"kind": "production", "shape": shape, "impl": "batchinv (shipped tables)", "us": prod})
     grid2 = 2 * sm_count(device if device.type == "cuda" else None)
     table = reduction_tree(key, dtype, n, k)
     for tree in trees(key, job):
