@@ -17,6 +17,7 @@
 #   audit[:T,ARGS]    batchinv audit T [--lane LANE] --out-dir OUTDIR ARGS (T: cublas)          [120 s]
 #   tune:NAME[,ARGS]  python ci/tune_NAME.py [OUTDIR] ARGS; OUTDIR is given to the scripts that
 #                     write there (matmul, fp8_gemm, log_softmax, topk_rows)                   [240 s]
+#                     (matmul, fp8_gemm: TUNE_SHAPES, TUNE_DEADLINE_S, TUNE_SMOKE: ci/tuning.py)
 #   make-sweep[:cold] make sweep PY=$PY SWEEP_ARGS="--no-progress --report OUTDIR/NAME.jsonl";
 #                     cold: the Triton cache and make's install stamp removed first (the
 #                     user's first run); NAME sweep-cold / sweep-warm                [240 s / 200 s]
@@ -37,6 +38,7 @@
 # Examples (the one-purpose scripts this replaced, and the runs they made: ci/README.md):
 #   bash ci/device.sh OUT make-sweep:cold make-sweep make-test bench:matmul
 #   LANE=sm90 bash ci/device.sh OUT sweep:fp8_gemm@300 tune:fp8_gemm
+#   TUNE_DEADLINE_S=165 LANE=sm90 bash ci/device.sh OUT tune:matmul@220 tune:fp8_gemm@220
 #   bash ci/device.sh OUT "pytest:tests/components/test_mean.py,-k,modes" sweep:mean,softmax
 set -uo pipefail
 if [ $# -lt 2 ]; then

@@ -1,95 +1,140 @@
 """Tuning aid for the FP8 rows of the matmul tables (GPU lanes), one run:
 
-    python ci/tune_fp8_gemm.py OUTDIR        # table on stdout, OUTDIR/tune_fp8_gemm.json
+    python ci/tune_fp8_gemm.py OUTDIR        # this round's shapes; OUTDIR/tune_fp8_gemm.json
+    TUNE_SHAPES=4096x4096:tensor,7168x2048:block python ci/tune_fp8_gemm.py OUTDIR   # the shapes named
+    TUNE_SMOKE=1 python ci/tune_fp8_gemm.py OUTDIR   # cpu lane: the plumbing, tiny shapes (ci/tuning.py)
+    TUNE_PROBE=1 ...                           # also the tensor-core probe of run 35 (below)
 
-For each shape of issue 12's speed table it times, against ``torch._scaled_mm`` (cuBLASLt, no
-fast accumulation, bf16 output) in the same run, candidate executions (walks only, 64- and
-128-row tiles: wgmma) of the table's tree with a promotion every 128 products, in K steps of 128
-and (whole-K layouts) 256, at M in {1, 8, 32, 128, 512, 2048}, and prints the best per M.  Every
+For each shape it times, against ``torch._scaled_mm`` (cuBLASLt, no fast accumulation, bf16
+output) in the same run and called as ``batchinv bench``'s ``torch_scaled_mm`` baseline and
+the side-by-side script call it (per-tensor: scalar fp32 scales; per-token: ``x_scale [M, 1]``,
+``weight_scale [1, N]``; where cuBLASLt refuses the row count, the rows padded with zeros to a
+multiple of 16 inside the timed call, as the baseline does), candidate executions (walks only,
+as issue 12 asks; 64- and 128-row tiles: wgmma, which implements the promotion) of the table's
+tree and of its other K step (128 / 256: the same 128-product groups), at the M values of each
+candidate's kind, and each prefill walk again with a persistent grid of two programs per SM
+(``grid2``, ``num_sms = 2 x SMs``, which never changes the bits) at M >= 512.  Every
 candidate's bits at M = 64 are compared with the shipped config's: one that differs is marked
-and may not ship (``config_equivalence`` re-checks whatever ships).  It also probes the tensor
-core: one group of 32 products whose exact sum needs more than 14 bits, summed with a promotion
-every 32 and every 128 products (run 35: 13 fraction bits, truncated).  Round 1 (run 35) also
-timed a promotion every 32 products (15-40% slower; not shipped).
+and may not ship (``config_equivalence`` re-checks whatever ships).  Per shape a SUMMARY
+(``ci/tuning.py``) gives per tree the best same-bits candidate per M and the tree's worst
+ratio over M, then the tree to ship and its execution per M.
+
+Round 3 (issue 26, part 2; the default): 4096x4096 and 14336x4096 with per-tensor and
+per-token scales at M = 1, 8, 32, 128, 512, 4096 (issue 26: 1.17-2.32x and 0.99-1.81x
+``torch._scaled_mm``).  The probe (``TUNE_PROBE=1``): one group of 32 products whose exact sum
+needs more than 14 bits, summed with a promotion every 32 and every 128 products (run 35: the
+tensor core keeps 13 fraction bits, truncated).  Round 1 (run 35) also timed a promotion every
+32 products (15-40% slower; not shipped).
 """
 
 from __future__ import annotations
 
-import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-import torch
+if os.environ.get("TUNE_SMOKE") == "1":  # before triton is imported (batchinv.fast)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from batchinv.fast.device import arch
+import torch
+from tuning import SMOKE, Run, ratio, summarize, timer
+
+from batchinv.fast.device import arch, sm_count
 from batchinv.fast.fp8_gemm import fp8_gemm
-from batchinv.fast.matmul_config import Execution, MatmulConfig, reduction_tree
-from batchinv.harness.bench import time_call
+from batchinv.fast.matmul_config import WHOLE_K, Execution, MatmulConfig, ReductionTree, reduction_tree
 from batchinv.reference.fp8_gemm import fp8_gemm as reference_fp8_gemm
-from batchinv.reference.fp8_gemm import scale_shapes
 
 E = Execution
 FP8 = torch.float8_e4m3fn
-#: (N, K, scale layout): the issue's table.
+BF16 = torch.bfloat16
+#: (N, K, scale layout): issue 12's table and issue 26's (TUNE_SHAPES names them as NxK:layout).
 SHAPES = (
     (4096, 4096, "tensor"),
-    (2688, 4096, "tensor"),
-    (4608, 2688, "tensor"),
     (14336, 4096, "tensor"),
     (4096, 4096, "token"),
+    (14336, 4096, "token"),
+    (2688, 4096, "tensor"),
+    (4608, 2688, "tensor"),
     (7168, 2048, "block"),
 )
-MS = (1, 8, 32, 128, 512, 2048)
-#: Round 2 (run 2): promote_k = 128 (run 1: 32 was 15-40% slower everywhere), BLOCK_K 128 or
-#: 256 (the same 128-product groups, so the same bits), narrow tiles for decode.
+#: Round 3's shapes (the default).
+ROUND = SHAPES[:4]
+MS = (1, 8, 32, 128, 512, 4096)
+#: The M of the bit comparison.
+BITS_M = 64
+
+
+def W(block_m: int, block_n: int, num_warps: int, num_stages: int, group_m: int = 8) -> Execution:
+    """A walk with TMA reads."""
+    return E(block_m, block_n, group_m=group_m, num_warps=num_warps, num_stages=num_stages, tma=True)
+
+
+#: Round 3.  Decode (M <= 128): the shipped 64x64, 32 and 128 columns (4096 / 64 = 64 tiles on
+#: 132 SMs; 14336 / 64 = 224 tiles: 1.7 waves, / 128 = 112: one), 6 stages, two warpgroups.
 DECODE = [
-    E(64, 16, num_warps=4, num_stages=4, tma=True),
-    E(64, 16, num_warps=4, num_stages=6, tma=True),
-    E(64, 32, num_warps=4, num_stages=4, tma=True),
-    E(64, 32, num_warps=4, num_stages=6, tma=True),
-    E(64, 64, num_warps=4, num_stages=4, tma=True),
+    W(64, 64, 4, 4),
+    W(64, 32, 4, 4),
+    W(64, 128, 4, 4),
+    W(64, 64, 4, 6),
+    W(64, 64, 8, 4),
+    W(64, 128, 8, 4),
 ]
+#: Prefill (M >= 32): the shipped 128x128 w8 s3, 4 stages, 128x64 / 64x128, a wider L2 group,
+#: 64x256 (128x256 was 1.4-2x slower in run 35: the promotion doubles the accumulator).
 PREFILL = [
-    E(64, 128, num_warps=4, num_stages=4, tma=True),
-    E(128, 128, num_warps=8, num_stages=3, tma=True),
-    E(128, 128, num_warps=8, num_stages=4, tma=True),
-    E(128, 64, num_warps=4, num_stages=4, tma=True),
-    E(128, 256, num_warps=8, num_stages=3, tma=True),
-    E(64, 256, num_warps=4, num_stages=3, tma=True),
+    W(128, 128, 8, 3),
+    W(128, 128, 8, 4),
+    W(128, 128, 8, 3, group_m=16),
+    W(128, 64, 4, 4),
+    W(64, 128, 4, 4),
+    W(64, 256, 4, 3),
 ]
-CANDIDATES = DECODE + PREFILL
 DECODE_MS = (1, 8, 32, 128)
-PREFILL_MS = (128, 512, 2048)
+PREFILL_MS = (32, 128, 512, 4096)
+GRID2_MS = (512, 4096)
+#: TUNE_SMOKE=1: one tiny shape per layout under the interpreter, two walks, two M.
+SMOKE_SHAPES = ((96, 160, "tensor"), (96, 160, "token"))
+SMOKE_MS = (1, 8)
+SMOKE_DECODE = [E(16, 64, group_m=2), E(64, 64, group_m=2, tma=True)]
+SMOKE_PREFILL = [E(64, 64, group_m=2, tma=True)]
+
+
+def shapes(only: str | None) -> list[tuple[int, int, str]]:
+    if SMOKE:
+        return list(SMOKE_SHAPES)
+    if not only:
+        return list(ROUND)
+    names = only.split(",")
+    known = {f"{n}x{k}:{layout}" for n, k, layout in SHAPES}
+    unknown = [x for x in names if x not in known]
+    if unknown:
+        raise SystemExit(f"TUNE_SHAPES: unknown shape(s) {unknown}; known: {sorted(known)}")
+    return [s for s in SHAPES if f"{s[0]}x{s[1]}:{s[2]}" in names]
 
 
 def operands(n: int, k: int, layout: str, m: int, g: torch.Generator, device: torch.device) -> dict:
-    xs_shape, ws_shape = scale_shapes(layout, m, n, k)
-    return {
-        "x": (torch.randn(m, k, generator=g) * 8).to(FP8).to(device),
-        "weight": (torch.randn(n, k, generator=g) * 8).to(FP8).to(device),
-        "x_scale": (torch.rand(xs_shape or (1,), generator=g) + 0.5).to(device) / 16,
-        "weight_scale": (torch.rand(ws_shape or (1,), generator=g) + 0.5).to(device) / 1024,
+    """The side-by-side script's operands: e4m3 of N(0, 1); per-tensor scales 0.02 (x) and 0.01
+    (weight); per-token U[0.01, 0.03) per row and U[0.005, 0.015) per channel; block scales
+    U[0.5, 1.5) / 16 and / 1024 (issue 12's tuner)."""
+    from batchinv.reference.fp8_gemm import scale_shapes
+
+    ops = {
+        "x": torch.randn(m, k, generator=g).to(FP8).to(device),
+        "weight": torch.randn(n, k, generator=g).to(FP8).to(device),
         "scale_layout": layout,
     }
-
-
-def scaled_mm(ops: dict) -> torch.Tensor:
-    """``torch._scaled_mm`` for the tensor and token layouts; block-wise via F.scaled_mm."""
-    x, w = ops["x"], ops["weight"]
-    if ops["scale_layout"] == "tensor":
-        return torch._scaled_mm(
-            x, w.t(), ops["x_scale"].reshape(()), ops["weight_scale"].reshape(()), out_dtype=torch.bfloat16
-        )
-    if ops["scale_layout"] == "token":
-        return torch._scaled_mm(
-            x, w.t(), ops["x_scale"], ops["weight_scale"].reshape(1, -1), out_dtype=torch.bfloat16
-        )
-    st = torch.nn.functional.ScalingType
-    return torch.nn.functional.scaled_mm(
-        x, w.t(), ops["x_scale"].t().contiguous().t(), st.BlockWise1x128, ops["weight_scale"].t(), st.BlockWise128x128,
-        output_dtype=torch.bfloat16,
-    )  # fmt: skip
+    if layout == "tensor":
+        ops["x_scale"] = torch.full((1,), 0.02, device=device)
+        ops["weight_scale"] = torch.full((1,), 0.01, device=device)
+    elif layout == "token":
+        ops["x_scale"] = (torch.rand(m, 1, generator=g) * 0.02 + 0.01).to(device)
+        ops["weight_scale"] = (torch.rand(n, 1, generator=g) * 0.01 + 0.005).to(device)
+    else:
+        xs_shape, ws_shape = scale_shapes(layout, m, n, k)
+        ops["x_scale"] = ((torch.rand(xs_shape, generator=g) + 0.5) / 16).to(device)
+        ops["weight_scale"] = ((torch.rand(ws_shape, generator=g) + 0.5) / 1024).to(device)
+    return ops
 
 
 def slice_rows(ops: dict, m: int) -> dict:
@@ -98,6 +143,43 @@ def slice_rows(ops: dict, m: int) -> dict:
     if ops["scale_layout"] != "tensor":
         out["x_scale"] = ops["x_scale"][:m]
     return out
+
+
+def scaled_mm(ops: dict) -> tuple:
+    """``(call, how)``: ``torch._scaled_mm`` as the side-by-side script calls it (per-tensor:
+    ``reshape(())`` scalars; per-token: ``x_scale [M, 1]``, ``weight_scale.reshape(1, N)``), tried
+    once eagerly; where cuBLASLt refuses the row count (``CUBLAS_STATUS_NOT_SUPPORTED``) the
+    baseline's padding inside the call (``fast/baselines/fp8_gemm.py``: zero rows, scale 1, up
+    to a multiple of 16, cut off again).  Block scales: that baseline itself."""
+    x, b, layout = ops["x"], ops["weight"].t(), ops["scale_layout"]
+    if layout == "block":
+        from batchinv.fast.baselines.fp8_gemm import torch_scaled_mm
+
+        return (lambda: torch_scaled_mm(**ops)), "baseline torch_scaled_mm (block-wise)"
+    if layout == "tensor":
+        xs, ws = ops["x_scale"].reshape(()), ops["weight_scale"].reshape(())
+    else:
+        xs, ws = ops["x_scale"], ops["weight_scale"].reshape(1, -1)
+
+    def plain():
+        return torch._scaled_mm(x, b, xs, ws, out_dtype=BF16)
+
+    try:
+        plain()
+        return plain, "plain"
+    except RuntimeError as exc:
+        if "CUBLAS_STATUS_NOT_SUPPORTED" not in str(exc) or layout != "token":
+            raise
+    rows = x.shape[0]
+    pad = -rows % 16
+
+    def padded():
+        x_p = torch.cat([x, x.new_zeros((pad, x.shape[1]))])
+        xs_p = torch.cat([xs.reshape(rows, 1), xs.new_ones((pad, 1))])
+        return torch._scaled_mm(x_p, b, xs_p, ws, out_dtype=BF16)[:rows]
+
+    padded()
+    return padded, f"rows padded {rows} -> {rows + pad}"
 
 
 def probe(device: torch.device) -> list[str]:
@@ -121,66 +203,123 @@ def probe(device: torch.device) -> list[str]:
     return lines
 
 
-def main(out_dir: Path) -> int:
-    device = torch.device("cuda")
-    key = arch(device)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
-    for line in probe(device):
-        print(line, flush=True)
-        rows.append({"probe": line})
-    g = torch.Generator().manual_seed(0)
-    for n, k, layout in SHAPES:
-        ops = operands(n, k, layout, max(MS), g, device)
-        shape = f"N={n} K={k} {layout}"
-        print(f"\n== {shape}", flush=True)
-        base = {}
+def tree_name(tree: ReductionTree) -> str:
+    chunk = "K" if tree.chunk_k >= WHOLE_K else str(tree.chunk_k)
+    return f"k{tree.block_k}/{chunk}p{tree.promote_k}"
+
+
+def trees(key: str, n: int, k: int, layout: str) -> list[ReductionTree]:
+    """The table's tree, then (whole-K layouts) its other K step with the same promotion."""
+    table = reduction_tree(key, FP8, n, k, layout)
+    out = [table]
+    if layout != "block" and table.promote_k:
+        other = 128 if table.block_k == 256 else 256
+        out.append(replace(table, block_k=other, chunk_k=WHOLE_K))
+    elif layout != "block":  # the interpreter's tree (no promotion): the other K step
+        out.append(replace(table, block_k=table.block_k * 2, chunk_k=WHOLE_K))
+    return list(dict.fromkeys(out))
+
+
+def run_shape(
+    run: Run, n: int, k: int, layout: str, key: str, device: torch.device, g: torch.Generator
+) -> None:
+    ms = SMOKE_MS if SMOKE else MS
+    decode, prefill = (SMOKE_DECODE, SMOKE_PREFILL) if SMOKE else (DECODE, PREFILL)
+    decode_ms, prefill_ms, grid2_ms = (SMOKE_MS, SMOKE_MS[-1:], SMOKE_MS[-1:]) if SMOKE else (
+        DECODE_MS, PREFILL_MS, GRID2_MS)  # fmt: skip
+    ops = operands(n, k, layout, max(*ms, BITS_M), g, device)
+    shape = f"N={n} K={k} {layout}"
+    run.log(f"== {shape}: trees {[tree_name(t) for t in trees(key, n, k, layout)]}")
+    base, how = {}, {}
+    for m in ms:
         try:
-            for m in MS:
-                sliced = slice_rows(ops, m)
-                base[m], _ = time_call(lambda o=sliced: scaled_mm(o), 20)
+            call, how[m] = scaled_mm(slice_rows(ops, m))
+            base[m], _ = timer(call)
         except Exception as exc:
-            print(f"   _scaled_mm error {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-            base = {m: float("nan") for m in MS}
-        print("   _scaled_mm " + "  ".join(f"M={m}: {us:.1f}" for m, us in base.items()), flush=True)
-        rows.append({"shape": shape, "impl": "torch._scaled_mm", "us": base})
-        table_tree = reduction_tree(key, FP8, n, k, layout)
-        want = fp8_gemm(**slice_rows(ops, 64)).view(torch.int16)  # the shipped config's bits
-        trees = [replace(table_tree, promote_k=128)]
-        if layout != "block":
-            trees.append(replace(table_tree, block_k=256, promote_k=128))
-        for tree in trees:
-            best: dict[int, tuple[float, str]] = {}
-            for ex in CANDIDATES:
-                cfg = MatmulConfig(tree, ex)
-                ms = DECODE_MS if ex in DECODE else PREFILL_MS
-                try:
-                    same = torch.equal(fp8_gemm(**slice_rows(ops, 64), config=cfg).view(torch.int16), want)
+            run.log(f"   _scaled_mm M={m} error {type(exc).__name__}: {str(exc)[:200]}")
+            base[m], how[m] = float("nan"), f"error {type(exc).__name__}"
+    run.log("   _scaled_mm " + "  ".join(f"M={m}: {us:.1f}" for m, us in base.items()))
+    padded = {m: h for m, h in how.items() if h != "plain"}
+    if padded:
+        run.log(f"   _scaled_mm not plain: {padded}")
+    run.add({"kind": "comparator", "shape": shape, "impl": "torch._scaled_mm", "us": base, "how": how})
+    prod = {}
+    for m in ms:  # the production path (the shipped tables), what issue 26's figures time
+        sliced = slice_rows(ops, m)
+        fp8_gemm(**sliced)
+        prod[m], _ = timer(lambda o=sliced: fp8_gemm(**o))
+    run.log(
+        "   shipped " + "  ".join(f"M={m}: {us:.1f}({ratio(us, base[m]):.2f}x)" for m, us in prod.items())
+    )
+    run.add({"kind": "production", "shape": shape, "impl": "batchinv (shipped tables)", "us": prod})
+    grid2 = 2 * sm_count(device if device.type == "cuda" else None)
+    want = fp8_gemm(**slice_rows(ops, BITS_M)).view(torch.int16)  # the shipped config's bits
+    table = reduction_tree(key, FP8, n, k, layout)
+    for tree in trees(key, n, k, layout):
+        for ex in dict.fromkeys([*decode, *prefill]):
+            if run.over():
+                break
+            cfg = MatmulConfig(tree, ex)
+            cms = tuple(
+                sorted({*(decode_ms if ex in decode else ()), *(prefill_ms if ex in prefill else ())})
+            )
+            try:
+                bits = fp8_gemm(**slice_rows(ops, BITS_M), config=cfg).view(torch.int16)
+                same = bool(torch.equal(bits, want))
+                variants = [(ex.name, None, cms)]
+                if ex in prefill:
+                    variants.append((ex.name + " grid2", grid2, tuple(m for m in cms if m in grid2_ms)))
+                for name, num_sms, vms in variants:
+                    if num_sms is not None and vms:  # the planned SM count never changes the bits: checked
+                        g2 = fp8_gemm(**slice_rows(ops, BITS_M), config=cfg, num_sms=num_sms)
+                        same = same and bool(torch.equal(g2.view(torch.int16), want))
                     times = {}
-                    for m in ms:
+                    for m in vms:
                         sliced = slice_rows(ops, m)
-                        times[m], _ = time_call(lambda o=sliced, cfg=cfg: fp8_gemm(**o, config=cfg), 20)
-                except Exception as exc:  # a config that does not compile is a finding, not a stop
-                    print(f"   {cfg.name:<44} error {type(exc).__name__}: {str(exc)[:160]}", flush=True)
-                    continue
-                for m, us in times.items():
-                    if m not in best or us < best[m][0]:
-                        best[m] = (us, ex.name)
-                cells = "  ".join(f"{m}:{us:.1f}({us / base[m]:.2f}x)" for m, us in times.items())
-                mark = "" if same else "   BITS DIFFER from the shipped config"
-                print(f"   {cfg.name:<44} {cells}{mark}", flush=True)
-                rows.append({"shape": shape, "impl": cfg.name, "same_bits": same, "us": times})
-            print(f"   best of {MatmulConfig(tree, CANDIDATES[0]).name.split()[0]}:", flush=True)
-            for m in sorted(best):
-                us, name = best[m]
-                print(f"      M={m:<5} {us:8.1f} us  {us / base[m]:.2f}x  {name}", flush=True)
-        del ops
+
+                        def call(o=sliced, cfg=cfg, num_sms=num_sms):
+                            return fp8_gemm(**o, config=cfg, num_sms=num_sms)
+
+                        call()
+                        times[m], _ = timer(call)
+                    if not times:
+                        continue
+                    cells = "  ".join(f"{m}:{us:.1f}({ratio(us, base[m]):.2f}x)" for m, us in times.items())
+                    mark = "" if same else "   BITS DIFFER from the shipped config"
+                    run.log(f"   {tree_name(tree)} {name:<32} {cells}{mark}")
+                    run.add({"kind": "candidate", "shape": shape, "tree": tree_name(tree), "execution": name,
+                             "same_bits": same, "us": times})  # fmt: skip
+            except Exception as exc:  # a config that does not compile is a finding, not a stop
+                run.log(f"   {tree_name(tree)} {ex.name:<32} error {type(exc).__name__}: {str(exc)[:160]}")
+                continue
+    summarize(run, shape, base, tree_name(table))
+    del ops
+    if device.type == "cuda":
         torch.cuda.empty_cache()
-    (out_dir / "tune_fp8_gemm.json").write_text(json.dumps(rows, indent=1, default=str), encoding="utf-8")
+
+
+def main(out_dir: Path) -> int:
+    device = torch.device("cpu" if SMOKE else "cuda")
+    key = arch(device)
+    run = Run("tune_fp8_gemm", out_dir)
+    todo = shapes(os.environ.get("TUNE_SHAPES"))
+    run.log(f"tune_fp8_gemm: arch {key}, shapes {[f'{n}x{k}:{layout}' for n, k, layout in todo]}")
+    if os.environ.get("TUNE_PROBE") == "1" and not SMOKE:
+        for line in probe(device):
+            run.log(line)
+            run.add({"kind": "probe", "line": line})
+    g = torch.Generator().manual_seed(0)
+    for n, k, layout in todo:
+        if run.over():
+            break
+        run_shape(run, n, k, layout, key, device, g)
+        run.save()  # after every shape: a cut run keeps what it measured
+    path = run.save()
+    run.log(f"wrote {path} ({len(run.rows)} rows{', cut by the deadline' if run.cut else ''})")
     return 0
 
 
 if __name__ == "__main__":
-    if not torch.cuda.is_available():
+    if not SMOKE and not torch.cuda.is_available():
         sys.exit(f"{sys.argv[0]}: needs a CUDA GPU (it times kernels with CUDA graphs); none here")
     sys.exit(main(Path(sys.argv[1] if len(sys.argv) > 1 else "out")))
