@@ -77,7 +77,8 @@ def plan(
     tiles = -(m // -ex.block_m) * -(n // -ex.block_n)  # ceil(M / BLOCK_M) * ceil(N / BLOCK_N)
     chunks = cfg.tree.num_chunks(k)
     planned = num_sms if num_sms is not None else sm_count(device if device.type == "cuda" else None)
-    items, programs = (tiles * chunks, planned * SPLIT_PROGRAMS_PER_SM) if ex.split_k else (tiles, planned)
+    per_sm = SPLIT_PROGRAMS_PER_SM if ex.split_k else ex.programs_per_sm
+    items, programs = (tiles * chunks if ex.split_k else tiles), planned * per_sm
     # Under the interpreter the kernel avoids numpy's matmul (row-position-dependent BLAS order,
     # raw-bit bf16) and the truncating bf16 cast; see the kernel's INTERPRETED flag.
     return LaunchPlan(cfg, tiles, chunks, max(1, min(programs, items)), interpreting())

@@ -101,6 +101,11 @@ class Execution:
         tma: read the operands through tensor descriptors (TMA) where their layout allows it
             (16-bit inputs, unit inner stride, 16-byte aligned base and row stride); the
             launcher falls back to pointers elsewhere.  The same values reach the same dots.
+        programs_per_sm: a walk's persistent programs per planned SM (2: two in flight per SM,
+            which hides the walk's memory latency at mid M; tuning run 57).  Each tile is
+            still computed by one program from its first chunk to its last, so which program
+            takes it never changes the bits.  A split-K execution keeps
+            ``SPLIT_PROGRAMS_PER_SM`` (fast/matmul.py) and must leave this at 1.
     """
 
     block_m: int
@@ -110,20 +115,27 @@ class Execution:
     num_stages: int = 3
     split_k: bool = False
     tma: bool = False
+    programs_per_sm: int = 1
 
     def __post_init__(self) -> None:
         check_power_of_two("block_m", self.block_m, 16)
         check_power_of_two("block_n", self.block_n, 16)
-        for name in ("group_m", "num_warps", "num_stages"):
+        for name in ("group_m", "num_warps", "num_stages", "programs_per_sm"):
             check_positive_int(name, getattr(self, name))
         for name in ("split_k", "tma"):
             if not isinstance(getattr(self, name), bool):
                 raise ArgumentError(name, "a bool", getattr(self, name))
+        if self.split_k and self.programs_per_sm != 1:
+            raise ArgumentError(
+                "programs_per_sm", "1 for a split-K execution (its grid is fixed)", self.programs_per_sm
+            )
 
     @property
     def name(self) -> str:
-        """``BMxBN gG wW sS`` (+ `` split`` for a split-K execution, `` tma`` for TMA loads)."""
+        """``BMxBN gG wW sS`` (+ `` split`` for a split-K execution, `` tma`` for TMA loads,
+        `` gridP`` for a walk of P programs per SM)."""
         extra = (" split" if self.split_k else "") + (" tma" if self.tma else "")
+        extra += f" grid{self.programs_per_sm}" if self.programs_per_sm != 1 else ""
         return f"{self.block_m}x{self.block_n} g{self.group_m} w{self.num_warps} s{self.num_stages}{extra}"
 
 
@@ -299,9 +311,16 @@ def S(block_m: int, block_n: int, num_warps: int, num_stages: int) -> Execution:
     return Execution(block_m, block_n, num_warps=num_warps, num_stages=num_stages, split_k=True, tma=True)
 
 
-def W(block_m: int, block_n: int, num_warps: int, num_stages: int) -> Execution:
-    """A walk with TMA reads."""
-    return Execution(block_m, block_n, num_warps=num_warps, num_stages=num_stages, tma=True)
+def W(block_m: int, block_n: int, num_warps: int, num_stages: int, programs_per_sm: int = 1) -> Execution:
+    """A walk with TMA reads (``programs_per_sm`` persistent programs per SM)."""
+    return Execution(
+        block_m,
+        block_n,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        tma=True,
+        programs_per_sm=programs_per_sm,
+    )
 
 
 #: The execution table.  sm90 rows: the fastest execution per M bucket over the production shapes
@@ -339,7 +358,9 @@ EXECUTION_TABLE: tuple[ExecutionRule, ...] = (
     ExecutionRule("sm90", HALF, None, 128, W(128, 128, 8, 4), "mid M, wide N (14336): enough tiles to walk"),
     ExecutionRule("sm90", HALF, 8192, 256, W(64, 128, 4, 4), "walk"),
     ExecutionRule("sm90", HALF, None, 256, W(128, 256, 8, 4), "walk, wide N"),
-    ExecutionRule("sm90", HALF, 8192, 512, W(128, 128, 8, 4), "walk"),
+    ExecutionRule(
+        "sm90", HALF, 8192, 512, W(64, 128, 4, 4, programs_per_sm=2), "walk, two programs per SM (run 57)"
+    ),
     ExecutionRule("sm90", HALF, None, 512, W(128, 256, 8, 4), "walk, wide N"),
     ExecutionRule("sm90", HALF, None, None, W(128, 256, 8, 3), "prefill walk"),
     # --- sm90, IEEE fp32 (FMA dots) ---
@@ -358,7 +379,10 @@ EXECUTION_TABLE: tuple[ExecutionRule, ...] = (
     # --- sm90, FP8: walks only (issue 12: no split-K), 64-row tiles at least so Triton emits
     # wgmma, whose fp32 promotion (promote_k) it implements; mma.sync has none ---
     # (run 36, ci/tune_fp8_gemm.py: 64x16 / 64x32 tiles, 6 stages and 64x128 were no faster at decode)
-    ExecutionRule("sm90", FP8, None, 64, W(64, 64, 4, 4), "FP8 decode: 64-row wgmma tiles, 64 columns"),
+    ExecutionRule("sm90", FP8, 8192, 64, W(64, 64, 4, 4), "FP8 decode: 64-row wgmma tiles, 64 columns"),
+    ExecutionRule(
+        "sm90", FP8, None, 64, W(64, 128, 4, 4), "FP8 decode, wide N: 128 columns, one wave (run 57)"
+    ),
     ExecutionRule("sm90", FP8, 8192, 128, W(64, 64, 4, 4), "FP8 mid M, N <= 8192"),
     ExecutionRule("sm90", FP8, None, None, W(128, 128, 8, 3), "FP8 prefill (and wide N from M = 65)"),
     # --- sm100 (B200/GB200): sm90's shapes of rows, never run there ---

@@ -155,9 +155,11 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
     if not_reached:
         _line(
             console,
-            f"{len(not_reached)} negative control(s) not reached: the M sweep was cut by --max-m, "
-            "so their verdict is unknown (not a failure): "
-            + ", ".join(f"{c.component}/{c.baseline}" for c in not_reached),
+            f"{len(not_reached)} negative control(s) not reached (by the cut of --max-m or --checks "
+            "named beside each), so their verdict is unknown (not a failure): "
+            + ", ".join(
+                f"{c.component}/{c.baseline} {c.verdict.removeprefix('not reached ')}" for c in not_reached
+            ),
         )
     for name, lanes in outcome.not_on_lane:
         _line(

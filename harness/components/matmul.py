@@ -304,7 +304,7 @@ def configs(batch: Batch, lane: Lane) -> dict[str, Any]:
     the one it ran: each row of the execution table (split-K across the grid or one program
     walking the chunks, each tile, warps and stages, TMA or pointer reads), plus on GPU lanes each
     of them with the other warps count and one stage fewer, and under the interpreter two odd
-    tiles and two TMA executions.  Always the
+    tiles, two TMA executions and a walk of two programs per SM.  Always the
     table's reduction tree.  Named after :attr:`MatmulConfig.name`."""
     x, weight = batch.rows["x"], batch.shared["weight"]
     layout = batch.shared.get("layout", "linear")
@@ -317,6 +317,7 @@ def configs(batch: Batch, lane: Lane) -> dict[str, Any]:
         Execution(128, 32, num_warps=8),
         Execution(64, 64, tma=True),  # TMA reads where the operands allow (else pointers)
         Execution(16, 128, split_k=True, tma=True),
+        Execution(16, 32, programs_per_sm=2),  # a walk of two programs per (planned) SM
     ]
     return execution_configs(ran, executions(key, x.dtype, n), lane, interpreter_extra, fast_matmul.matmul)
 

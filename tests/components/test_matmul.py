@@ -113,6 +113,8 @@ def test_tree_table_rows_as_documented():
         lambda: matmul_config.Execution(24, 64),
         lambda: matmul_config.Execution(16, 64, num_warps=0),
         lambda: matmul_config.Execution(16, 64, split_k=1),
+        lambda: matmul_config.Execution(16, 64, programs_per_sm=0),
+        lambda: matmul_config.Execution(16, 64, split_k=True, programs_per_sm=2),
         lambda: matmul_config.MatmulConfig(None, matmul_config.Execution(16, 64)),  # type: ignore[arg-type]
         lambda: matmul_config.MatmulConfig(matmul_config.ReductionTree(32, 64), "16x64"),  # type: ignore[arg-type]
     ],
@@ -505,6 +507,27 @@ def test_tma_reads_give_the_pointer_reads_bits_and_fall_back_where_unaligned():
         want = matmul(xs, ws, config=pointer)
         assert torch.equal(bits(got), bits(want))
     assert seen == {True, False}
+
+
+@any_lane
+@pytest.mark.parametrize("num_sms", [1, 3])
+def test_a_walk_of_two_programs_per_sm_gives_the_bits_of_one(num_sms):
+    """``programs_per_sm`` doubles a walk's persistent grid (each program takes every other tile
+    of the one-program walk), never the bits: more tiles than programs on both, so the programs
+    really share the tiles out differently."""
+    from batchinv.fast.matmul_config import Execution, MatmulConfig, reduction_tree
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not interpreting() else "cpu")
+    x, w = randn(70, 130, seed=5, dtype=BF16).to(device), randn(90, 130, seed=6, dtype=BF16).to(device)
+    key = "interp" if interpreting() else matmul_config_arch(device)
+    tree = reduction_tree(key, BF16, 90, 130)
+    one, two = (MatmulConfig(tree, Execution(16, 32, programs_per_sm=p)) for p in (1, 2))
+    p1, p2 = (plan(70, 90, 130, BF16, device, num_sms, config=c) for c in (one, two))
+    assert (p1.grid, p2.grid) == (num_sms, 2 * num_sms) and p2.num_tiles > p2.grid
+    assert two.execution.name.endswith(" grid2")
+    assert torch.equal(
+        bits(matmul(x, w, num_sms=num_sms, config=two)), bits(matmul(x, w, num_sms=num_sms, config=one))
+    )
 
 
 def matmul_config_arch(device: torch.device) -> str:
