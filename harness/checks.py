@@ -58,7 +58,7 @@ from batchinv.harness.registry import (
     prefix_sweep,
     threshold_cycle,
 )
-from batchinv.harness.subjects import Subject, Unsupported, accepts_partition, bound_call
+from batchinv.harness.subjects import Subject, Unsupported, accepts_keyword, accepts_partition, bound_call
 from batchinv.reference.exact import round_once
 
 FAST = "fast"
@@ -497,9 +497,6 @@ def _partition(run: _Run) -> invariance.DriverResult | None:
 
     from batchinv.fast.device import sm_count
 
-    if run.component.partition_counts is not None:  # another axis than the SMs (TP degrees)
-        counts = run.component.partition_counts(run.lane)
-        return invariance.partition(call_with, run.batch, counts, name=arg)
     counts = invariance.sm_partition_counts(sm_count(run.device if run.lane.is_gpu else None))
     return invariance.partition(call_with, run.batch, counts)
 
@@ -667,14 +664,14 @@ def _padding(run: _Run) -> invariance.DriverResult:
 
 
 def _tp_degree(run: _Run) -> invariance.DriverResult | None:
-    """tp_degree of a collective: the subject called with ``tp_degree=T`` for each degree of
-    ``Component.tp_degrees`` gives the bits of ``tp_degree=1``."""
+    """tp_degree (a collective, a tensor-parallel layer): the subject called with ``tp_degree=T``
+    for each degree of ``Component.tp_degrees`` gives the bits of ``tp_degree=1``."""
     degrees = run.component.tp_degrees
     if degrees is None:
         run.skip("the component declares no TP degrees")
         return None
-    if isinstance(run.subject, Subject):
-        run.skip("an outside subject takes no tp_degree keyword")
+    if isinstance(run.subject, Subject) and not accepts_keyword(run.subject, "tp_degree"):
+        run.skip("the outside subject takes no tp_degree keyword")
         return None
     impl, launches = run.view.call, run.launches
 

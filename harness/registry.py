@@ -521,10 +521,6 @@ class Component:
             at ``row_start = offset`` inside wider rows (outputs must be bitwise equal); None when
             the component has no row window.
         partition_arg: name of the fast keyword that sets the planned SM / partition count, if any.
-        partition_counts: ``partition_counts(lane) -> tuple`` of the counts the ``partition``
-            check tries (each must give the default's bits); None: the SM axis
-            (:func:`batchinv.harness.invariance.sm_partition_counts`).  ``tp_linear``'s are its
-            tensor-parallel degrees 1, 2, 4, 8.
         strategy: ``strategy(lane, device)`` -> a hypothesis strategy of :class:`Batch` for property
             tests, or None.
         bench_cases: ``bench_cases(lane)`` -> cases for ``batchinv bench``.
@@ -580,10 +576,11 @@ class Component:
         padding: a dense request-level component's :class:`PaddingModel`: it turns on the
             ``padding`` check (a sequence left- and right-padded by every amount, alone and in
             batches of other lengths, gives the same bits).  None: the check does not apply.
-        tp_degrees: a collective's ``tp_degrees(batch) -> tuple`` of the tensor-parallel degrees
-            the batch's leaves can be spread over (the divisors of its leaf count): it turns on
-            the ``tp_degree`` check, which calls the subject with ``tp_degree=T`` for each and
-            requires the bits of ``tp_degree=1`` (the single-rank tree).  None: no TP degree.
+        tp_degrees: ``tp_degrees(batch) -> tuple`` of the tensor-parallel degrees the batch can be
+            spread over (a collective's: the divisors of its leaf count; ``tp_linear``'s: 1, 2,
+            4, 8 ranks holding slices of K): it turns on the ``tp_degree`` check, which calls the
+            subject with ``tp_degree=T`` for each and requires the bits of ``tp_degree=1`` (the
+            single-rank tree).  None: no TP degree.
         quick_cases: ``quick_cases(lane)`` -> the indices into ``cases(lane)`` of the cases the
             sweep's ``quick`` profile runs the fast kernel on (:mod:`batchinv.harness.profiles`;
             index 0, the batch_prefix threshold case, always among them).  None: ``(0,)``.  The
@@ -603,7 +600,6 @@ class Component:
     error_cases: Callable[[torch.device], Sequence[ErrorCase]] = lambda device: ()
     shift_row_start: Callable[[Batch, int, torch.Generator], Batch] | None = None
     partition_arg: str | None = None
-    partition_counts: Callable[[Lane], tuple[int, ...]] | None = None
     strategy: Callable[[Lane, torch.device], Any] | None = None
     bench_cases: Callable[[Lane], Sequence[Case]] = lambda lane: ()
     bench_bytes: Callable[[Batch], int] | None = None

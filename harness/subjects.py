@@ -342,9 +342,18 @@ def accepts_partition(component: Any, subject: Subject) -> bool:
     loaded = subject.loaded()
     if loaded.adapter is not None and (loaded.adapter.inputs is not None or loaded.adapter.partition):
         return loaded.adapter.partition
+    return accepts_keyword(subject, arg)
+
+
+def accepts_keyword(subject: Subject, name: str) -> bool:
+    """Whether the subject's callable has a parameter ``name`` (False through an adapter that
+    maps the inputs: it passes only what it declares)."""
+    loaded = subject.loaded()
+    if loaded.adapter is not None and loaded.adapter.inputs is not None:
+        return False
     assert loaded.fn is not None
     sig = _signature(loaded.fn)
-    return sig is not None and arg in sig.parameters
+    return sig is not None and name in sig.parameters
 
 
 def _short(value: Any) -> str:

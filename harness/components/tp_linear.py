@@ -2,16 +2,17 @@
 emulated in one process (issue 27, section 5).
 
 Why a component and not a check: the TP degree is a partition of the reduction (K across ranks),
-and the registry already has the axis for that -- ``partition_arg`` (here ``tp_degree``, every
-degree of :func:`tp_degrees` compared bitwise with the default, the single-rank pinned matmul),
-with baselines that take the keyword as negative controls.  What is under test is the TP
+and the registry already has the axis for that -- ``tp_degrees`` and the ``tp_degree`` check, as
+for the ``all_reduce`` collective (every degree of :func:`tp_degrees` compared bitwise with
+``tp_degree=1``, the single-rank pinned matmul), with baselines that take the keyword as
+negative controls.  What is under test is the TP
 decomposition -- which K slices each rank holds, what the all-reduce carries, in what order it
 adds them -- which only an implementation with its own reference, fast path and unpinned
 baselines can be; a check would have to impose one reduction of its own on every subject.
 
 The inputs, the reference, the bound and the error inputs are the matmul's (the same ``Batch``
 keys, ``harness/components/matmul.py``): ``fast`` at any degree has the single-rank matmul's
-bits.  Its checks are narrowed to agreement and partition: at its default degree ``tp_linear``
+bits.  Its checks are narrowed to agreement and tp_degree: at its default degree ``tp_linear``
 *is* the pinned matmul, whose row checks and repeat (batch_prefix, position, repeat,
 neighbours, config_equivalence, modes) the ``matmul`` component runs; the TP degree is what
 this entry adds (the cpu lane pays seconds per interpreted K = 512 matmul).
@@ -31,18 +32,19 @@ from batchinv.fast import tp_linear as fast
 from batchinv.fast.baselines import tp_linear as baselines
 from batchinv.harness.components import matmul as mm
 from batchinv.harness.lanes import Lane
-from batchinv.harness.registry import ALL_LANES, Baseline, Case, Component, ErrorCase
+from batchinv.harness.registry import ALL_LANES, Baseline, Batch, Case, Component, ErrorCase
 from batchinv.reference import matmul as reference
 from batchinv.reference.errors import ArgumentError
 
 NAME = "tp_linear"
-#: The emulated tensor-parallel degrees (the partition axis of this component).
+#: The emulated tensor-parallel degrees (the ``tp_degree`` axis of this component).
 TP_DEGREES: tuple[int, ...] = (1, 2, 4, 8)
 
 
-def tp_degrees(lane: Lane) -> tuple[int, ...]:
-    """The TP degrees the ``partition`` check compares with the single-rank call (every lane)."""
-    del lane
+def tp_degrees(batch: Batch) -> tuple[int, ...]:
+    """The TP degrees the ``tp_degree`` check compares with the single-rank call (every case's
+    K holds a multiple of 8 chunks of the lane's tree, so every degree holds whole chunks)."""
+    del batch
     return TP_DEGREES
 
 
@@ -108,7 +110,6 @@ COMPONENT = Component(
                 "the naive row-parallel linear: each rank's output rounded to the activation dtype and the "
                 "outputs summed in rank order in it (a 16-bit all-reduce), then the bias"
             ),
-            accepts_partition=True,
             timed=False,
         ),
         Baseline(
@@ -118,7 +119,6 @@ COMPONENT = Component(
                 "fp32 rank partials reduced in NCCL's ring order (segment s accumulated from rank s + 1 "
                 "around the ring): another association of the partials per degree and per segment"
             ),
-            accepts_partition=True,
             timed=False,
         ),
     ),
@@ -128,7 +128,6 @@ COMPONENT = Component(
     lanes=ALL_LANES,
     dtypes=(torch.bfloat16, torch.float16, torch.float32),
     error_cases=error_cases,
-    partition_arg="tp_degree",
-    partition_counts=tp_degrees,
-    checks=("agreement", "partition"),
+    tp_degrees=tp_degrees,
+    checks=("agreement", "tp_degree"),
 )

@@ -1,5 +1,5 @@
 """``tp_linear``: the row-parallel linear at TP degrees 1, 2, 4, 8 has the single-rank pinned
-matmul's bits (the sweep's ``partition`` check compares every degree with the default, the
+matmul's bits (the sweep's ``tp_degree`` check compares every degree with ``tp_degree=1``, the
 pinned matmul itself; ``tests/components/test_components.py`` runs it and the negative
 controls).  Here: how K is cut across ranks, the degrees refused, why one fp32 partial per rank
 cannot work, and the chunk-sum kernel the all-reduce reuses."""
@@ -59,3 +59,35 @@ def test_sum_chunks_is_the_split_executions_second_kernel():
     with pytest.raises(ArgumentError, match="'out_dtype'"):
         sum_chunks(ws, None, torch.float64)
     assert plan(3, 7, 512, torch.float32, torch.device("cpu")).config.tree.chunk_k == 64  # the cases' premise
+
+
+def outside_tp_linear(x, weight, bias=None, *, layout="linear", out_dtype=None, tp_degree=None):
+    """An outside subject with a ``tp_degree`` parameter: the shipped launcher."""
+    return tp_linear(x, weight, bias, layout=layout, out_dtype=out_dtype, tp_degree=tp_degree)
+
+
+def outside_bf16_rank_order(x, weight, bias=None, *, layout="linear", out_dtype=None, tp_degree=None):
+    """An outside subject that rounds each rank's output to the activation dtype."""
+    from batchinv.fast.baselines.tp_linear import tp_linear_bf16_rank_order
+
+    return tp_linear_bf16_rank_order(x, weight, bias, layout=layout, out_dtype=out_dtype, tp_degree=tp_degree)
+
+
+def outside_single_rank(x, weight, bias=None, *, layout="linear", out_dtype=None):
+    """An outside subject without a ``tp_degree`` parameter."""
+    return tp_linear(x, weight, bias, layout=layout, out_dtype=out_dtype)
+
+
+def test_an_outside_subject_with_a_tp_degree_parameter_gets_the_tp_degree_check():
+    """The ``tp_degree`` check serves outside subjects as ours: one with the parameter is judged
+    at every degree (a 16-bit all-reduce fails), one without is a skip saying so."""
+    from batchinv.harness import check_subject
+
+    def tp_rows(subject):
+        report = check_subject("tp_linear", subject, lane="cpu", checks=["tp_degree"])
+        return [r for r in report if r.check == "tp_degree"]
+
+    assert {r.status for r in tp_rows(outside_tp_linear)} == {"pass"}
+    assert "fail" in {r.status for r in tp_rows(outside_bf16_rank_order)}
+    skipped = tp_rows(outside_single_rank)
+    assert skipped and all(r.status == "skip" and "no tp_degree keyword" in r.detail for r in skipped)

@@ -353,7 +353,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "tp_linear",
         kernels.tp_linear_gathered_in_reverse_rank_order,
         "the all-reduce adds the ranks' chunk sums last rank first: another chunk chain per TP degree",
-        ("partition",),
+        ("tp_degree",),
     ),
     Mutant(
         "rms_norm_eps_by_tile_max",
