@@ -327,6 +327,41 @@ def test_fast_tokens_are_the_reference_tokens_and_in_range(data, lane, device):
     assert compare_tolerance(r_lp, logprob, ref.tolerance_bound(**kwargs)[1]).within
 
 
+@pytest.mark.cpu
+def test_a_production_vocabulary_with_plateaus_nan_and_inf_on_the_cpu_lane():
+    """V = 151936 (Qwen's vocabulary; the cpu strategy stops at 4096) in bf16, once (the
+    interpreter pays ~4 s per request, ~20 s with a top-p cut, so none here): a four-level tie
+    plateau cut inside its second level by top_k, a constant row of -inf and NaN (uniform), and
+    NaN / -inf / -0 sprinkled over a normal row.  Tokens are the
+    reference's (the plateau's also the oracle's), every one in [0, V), never a NaN or -inf id."""
+    v = 151936
+    g = torch.Generator().manual_seed(151936)
+    plateau = torch.randint(0, 4, (v,), generator=g).float() * 0.5
+    constant = torch.full((v,), -math.inf)
+    constant[torch.rand(v, generator=g) < 0.3] = math.nan
+    sprinkled = torch.randn(v, generator=g) * 3
+    pick = torch.rand(v, generator=g)
+    sprinkled[pick < 0.1] = math.nan
+    sprinkled[(pick >= 0.1) & (pick < 0.2)] = -math.inf
+    sprinkled[(pick >= 0.2) & (pick < 0.25)] = -0.0
+    rows = torch.stack([plateau, constant, sprinkled]).to(torch.bfloat16)
+    args = requests(
+        rows.float(),
+        temperature=[0.9, 1.0, 1.3],
+        top_k=[50000, 0, 0],  # the top level holds ~38k tokens: the cut falls in the second
+        seeds=[3, -5, 2**62],
+        step=[0, 1, 2**33],
+    )
+    args["logits"] = rows
+    tokens, _ = launcher.sampler(**args)
+    assert torch.equal(tokens, ref.sampler(**args)[0])
+    first = {k: t[:1] for k, t in args.items()}
+    assert torch.equal(tokens[:1], component.oracle(**first)[0])
+    assert bool(((tokens >= 0) & (tokens < v)).all())
+    assert float(rows[0, tokens[0]]) >= 1.0  # the top two levels only
+    assert not math.isnan(float(rows[2, tokens[2]])) and float(rows[2, tokens[2]]) > -math.inf
+
+
 # --- the GPU build (compiled ahead of time: no GPU needed) ----------------------------------------
 
 _AOT = """
