@@ -310,6 +310,38 @@ def test_sort_ties_breaks_the_tie_rule(device):
     assert not set(sort_ties(**args)[0].tolist()) <= {0, 1, 2, 3}
 
 
+@pytest.mark.cpu
+def test_sort_ties_cannot_vary_on_the_cpu_lane_its_sorts_tie_order_is_the_rows_own():
+    """Why ``sort_ties`` is reported, never required, on the cpu lane: CPU ``torch.sort``'s
+    order inside a tie plateau is not the stable order (so the baseline breaks the tie rule,
+    above), but it is the same for the row alone, beside other rows at any slot and read
+    through a strided view; with per-request streams, a top-p cut inside the plateau gives the
+    baseline's bits alone and at every slot of a batch.  If torch ever changes that, this fails
+    and the control can be made required on the cpu lane."""
+    g = torch.Generator().manual_seed(7)
+    for v in (64, 4096):
+        row = torch.randint(0, 4, (v,), generator=g).float() * 0.5
+        alone = row[None].sort(dim=-1).indices[0]
+        assert not torch.equal(alone, row.sort(stable=True).indices)  # ties not in id order
+        for r in (2, 9):
+            batch = torch.randn(r, v, generator=g)
+            batch[r // 2] = row
+            wide = torch.full((r, 2 * v + 1), math.nan)
+            wide[:, 1::2] = batch
+            for view in (batch, wide[:, 1::2]):
+                assert torch.equal(view.sort(dim=-1).indices[r // 2], alone)
+    plateau = torch.full((1, 8), 2.0)
+    single = requests(plateau, top_p=0.5, seeds=[41], step=[3])
+    want = sort_ties(**single)
+    for slot in range(4):
+        others = torch.randn(4, 8, generator=g)
+        others[slot] = plateau[0]
+        batch = requests(others, top_p=0.5, seeds=[41] * 4, step=[3] * 4)
+        got = sort_ties(**batch)
+        assert int(got[0][slot]) == int(want[0][0])
+        assert torch.equal(got[1][slot : slot + 1].view(torch.int32), want[1].view(torch.int32))
+
+
 # --- properties ----------------------------------------------------------------------------------
 
 
