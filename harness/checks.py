@@ -8,6 +8,7 @@ libraries they configure read their environment at handle creation.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -539,7 +540,8 @@ def _neighbours(run: _Run) -> invariance.DriverResult | None:
     share, :data:`neighbours.CPU_TRANSFORM_GROUPS`; through the request
     model's ``rewrite_others`` for a request-level component, whose one-request cases put their
     request first beside up to 3 requests of the co_batch pool (:func:`_pools`; a row-wise
-    one-row case has no neighbour: a skip)."""
+    one-row case has no neighbour: a skip).  Only the component's ``content_rows`` are
+    rewritten where it names them (its other floating-point rows are parameters)."""
     model = run.component.requests
     rewrite = model.rewrite_others if model is not None and model.rewrite_others is not None else None
     index = None if run.lane.is_gpu else _case_index(run.component, run.case, run.lane)
@@ -555,11 +557,15 @@ def _neighbours(run: _Run) -> invariance.DriverResult | None:
         pool = next(iter(_pools(run, model).values()))
         if pool.num_rows:
             batch = model.concat([batch, model.take(pool, list(range(min(3, pool.num_rows))))])
+    rewrite = rewrite if rewrite is not None else neighbours.rewrite_rows
+    content = run.component.content_rows
+    if content is not None:  # only the named rows are contents (the others: parameters)
+        rewrite = functools.partial(rewrite, content_rows=content)
     return invariance.neighbours(
         run.call,
         batch,
         neighbour_victims(n, run.lane, run.generator),
-        rewrite if rewrite is not None else neighbours.rewrite_rows,
+        rewrite,
         transforms,
         "request" if model is not None else "row",
     )

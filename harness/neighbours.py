@@ -10,8 +10,11 @@ batch-invariant one cannot.
 
 What is rewritten: every floating-point tensor of ``Batch.rows`` at the other units' indices
 (integer and bool rows -- lengths, block tables, ids -- are kept: they are the launch's shape,
-not its contents), through :func:`rewrite_rows`; shared operands (weights, eps, scales given to
-the launch) are the launch's configuration and stay.  A request model may add the data it keeps
+not its contents), through :func:`rewrite_rows`; a component that also keeps per-unit
+*parameters* in ``rows`` (the sampler's ``temperature`` and ``top_p``, whose range the subject
+validates) names its contents in ``Component.content_rows`` and only those are rewritten;
+shared operands (weights, eps, scales given to the launch) are the launch's configuration and
+stay.  A request model may add the data it keeps
 outside ``rows``: :meth:`batchinv.harness.requests.PagedLayout.rewrite_others` also rewrites
 the pool tokens the other requests reference and the victim does not.
 
@@ -128,17 +131,52 @@ def rewrite_at(t: torch.Tensor, mask_or_index: torch.Tensor, transform: Transfor
     return out
 
 
-def rewrite_rows(batch: Batch, keep: Sequence[int], transform: Transform) -> tuple[Batch, bool]:
-    """``batch`` with every floating-point ``rows`` tensor rewritten by ``transform`` at the
-    units not in ``keep``; shared operands as they are.  Also returns whether anything changed
-    (False: no other unit, or no floating-point data a transform can express)."""
+def content_names(batch: Batch, content_rows: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The ``rows`` tensors of ``batch`` that the check rewrites: ``content_rows`` (the
+    component's :attr:`~batchinv.harness.registry.Component.content_rows`), or, when None, every
+    floating-point rows tensor of the catalogue's formats.
+
+    Raises:
+        ValueError: a name of ``content_rows`` that is not a rows tensor of ``batch``, or not a
+            floating-point one the transforms can rewrite (the message names it, the expected
+            and the given dtype or the rows there are).
+    """
+    if content_rows is None:
+        return tuple(name for name, t in batch.rows.items() if rewritable(t))
+    for name in content_rows:
+        if name not in batch.rows:
+            raise ValueError(
+                f"content_rows: {name!r} is not a rows tensor of the batch; its rows are {sorted(batch.rows)}"
+            )
+        if not rewritable(batch.rows[name]):
+            raise ValueError(
+                f"content_rows: {name!r} must be a floating-point tensor of "
+                f"{sorted(str(d) for d in FORMATS)}; got {batch.rows[name].dtype}"
+            )
+    return tuple(content_rows)
+
+
+def rewrite_rows(
+    batch: Batch, keep: Sequence[int], transform: Transform, content_rows: Sequence[str] | None = None
+) -> tuple[Batch, bool]:
+    """``batch`` with its content rows (:func:`content_names`: ``content_rows``, else every
+    floating-point ``rows`` tensor) rewritten by ``transform`` at the units not in ``keep``;
+    the other rows (integer ids and lengths, per-unit parameters such as a temperature) and the
+    shared operands as they are.  Also returns whether anything changed (False: no other unit,
+    or no content a transform can express).
+
+    Raises:
+        ValueError: ``content_rows`` names a missing or non-floating-point rows tensor.
+    """
     n = batch.num_rows
     kept = set(int(k) for k in keep)
     others = torch.tensor([i for i in range(n) if i not in kept], dtype=torch.long)
     rows, changed = dict(batch.rows), False
+    names = content_names(batch, content_rows)
     if others.numel():
-        for name, t in batch.rows.items():
-            if not rewritable(t) or t.dim() == 0:
+        for name in names:
+            t = batch.rows[name]
+            if t.dim() == 0:
                 continue
             new = rewrite_at(t, others.to(t.device), transform)
             if new is not None:
@@ -150,6 +188,7 @@ __all__ = [
     "CPU_TRANSFORM_GROUPS",
     "TRANSFORMS",
     "Transform",
+    "content_names",
     "copy_layout",
     "rewritable",
     "rewrite_at",

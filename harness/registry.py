@@ -432,13 +432,15 @@ class RequestModel:
             request -- a plan's partition id moves with the batch size and the partition count
             by design -- and is judged by agreement and repeat alone.  None: every output is
             the request's own.
-        rewrite_others: ``rewrite_others(batch, keep, transform) -> (Batch, changed)``: the
-            same launch (shapes, layout, tables) with the contents of every request not in
-            ``keep`` rewritten by the ``neighbours`` check's ``transform``
+        rewrite_others: ``rewrite_others(batch, keep, transform, content_rows=None) -> (Batch,
+            changed)``: the same launch (shapes, layout, tables) with the contents of every
+            request not in ``keep`` rewritten by the ``neighbours`` check's ``transform``
             (:class:`batchinv.harness.neighbours.Transform`), wherever the model keeps them
             (a paged model: the pool tokens only those requests reference); ``changed``: whether
-            anything changed.  None: :func:`batchinv.harness.neighbours.rewrite_rows` (the
-            floating-point ``rows`` of the other requests; ``shared`` is configuration).
+            anything changed.  ``content_rows`` is the component's :attr:`Component.content_rows`
+            (the check passes it only when the component sets it).  None:
+            :func:`batchinv.harness.neighbours.rewrite_rows` (the floating-point ``rows`` of the
+            other requests, or the component's ``content_rows``; ``shared`` is configuration).
     """
 
     take: Callable[[Batch, Sequence[int]], Batch]
@@ -585,6 +587,14 @@ class Component:
             sweep's ``quick`` profile runs the fast kernel on (:mod:`batchinv.harness.profiles`;
             index 0, the batch_prefix threshold case, always among them).  None: ``(0,)``.  The
             ``full`` profile, pytest and the mutants run every case.
+        content_rows: the names of the ``rows`` tensors that are the units' *contents*, which
+            the ``neighbours`` check rewrites at the other units (each must be a floating-point
+            tensor of every batch the component builds; the check raises ``ValueError`` naming
+            the row otherwise).  The other floating-point rows are per-unit *parameters* with a
+            documented range (the sampler's ``temperature`` and ``top_p``): a rewrite to 1e3,
+            NaN or +inf would put them out of range, and the subject would raise or change
+            semantics, which is no batch statistic.  None (the default): every floating-point
+            ``rows`` tensor is contents.
     """
 
     name: str
@@ -614,8 +624,18 @@ class Component:
     padding: PaddingModel | None = None
     tp_degrees: Callable[[Batch], tuple[int, ...]] | None = None
     quick_cases: Callable[[Lane], Sequence[int]] | None = None
+    content_rows: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.content_rows is not None and (
+            not isinstance(self.content_rows, tuple)
+            or not self.content_rows
+            or not all(isinstance(n, str) for n in self.content_rows)
+        ):
+            raise ValueError(
+                f"component {self.name!r}: content_rows must be None or a non-empty tuple of rows "
+                f"names; got {self.content_rows!r}"
+            )
         if self.checks is not None:
             unknown = [c for c in self.checks if c not in CHECKS]
             if unknown or "agreement" not in self.checks:

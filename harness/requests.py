@@ -256,14 +256,20 @@ class PagedLayout:
         rows[self.block_table] = new_table.to(dtype=bt.dtype, device=bt.device)
         return Batch(rows, shared)
 
-    def rewrite_others(self, batch: Batch, keep: Sequence[int], transform: Transform) -> tuple[Batch, bool]:
+    def rewrite_others(
+        self,
+        batch: Batch,
+        keep: Sequence[int],
+        transform: Transform,
+        content_rows: Sequence[str] | None = None,
+    ) -> tuple[Batch, bool]:
         """The ``neighbours`` check's rewrite: the same launch (tables, lengths, pools of the
         same shape and layout) with the contents of every request not in ``keep`` rewritten by
-        ``transform``: its floating-point rows (:func:`batchinv.harness.neighbours.rewrite_rows`)
-        and, in every pool, the tokens it references that no kept request references (a page
-        shared with a kept request is the kept request's data).  Unreferenced tokens stay NaN.
-        Also returns whether anything changed."""
-        out, changed = rewrite_rows(batch, keep, transform)
+        ``transform``: its content rows (:func:`batchinv.harness.neighbours.rewrite_rows`: the
+        floating-point rows, or ``content_rows``) and, in every pool, the tokens it references
+        that no kept request references (a page shared with a kept request is the kept
+        request's data).  Unreferenced tokens stay NaN.  Also returns whether anything changed."""
+        out, changed = rewrite_rows(batch, keep, transform, content_rows)
         table = batch.rows[self.block_table].cpu().to(torch.int64)
         lengths = [int(n) for n in batch.rows[self.seq_lens].cpu().tolist()]
         first = batch.shared[self.pools[0]]

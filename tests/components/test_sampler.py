@@ -310,6 +310,38 @@ def test_sort_ties_breaks_the_tie_rule(device):
     assert not set(sort_ties(**args)[0].tolist()) <= {0, 1, 2, 3}
 
 
+@pytest.mark.cpu
+def test_sort_ties_cannot_vary_on_the_cpu_lane_its_sorts_tie_order_is_the_rows_own():
+    """Why ``sort_ties`` is reported, never required, on the cpu lane: CPU ``torch.sort``'s
+    order inside a tie plateau is not the stable order (so the baseline breaks the tie rule,
+    above), but it is the same for the row alone, beside other rows at any slot and read
+    through a strided view; with per-request streams, a top-p cut inside the plateau gives the
+    baseline's bits alone and at every slot of a batch.  If torch ever changes that, this fails
+    and the control can be made required on the cpu lane."""
+    g = torch.Generator().manual_seed(7)
+    for v in (64, 4096):
+        row = torch.randint(0, 4, (v,), generator=g).float() * 0.5
+        alone = row[None].sort(dim=-1).indices[0]
+        assert not torch.equal(alone, row.sort(stable=True).indices)  # ties not in id order
+        for r in (2, 9):
+            batch = torch.randn(r, v, generator=g)
+            batch[r // 2] = row
+            wide = torch.full((r, 2 * v + 1), math.nan)
+            wide[:, 1::2] = batch
+            for view in (batch, wide[:, 1::2]):
+                assert torch.equal(view.sort(dim=-1).indices[r // 2], alone)
+    plateau = torch.full((1, 8), 2.0)
+    single = requests(plateau, top_p=0.5, seeds=[41], step=[3])
+    want = sort_ties(**single)
+    for slot in range(4):
+        others = torch.randn(4, 8, generator=g)
+        others[slot] = plateau[0]
+        batch = requests(others, top_p=0.5, seeds=[41] * 4, step=[3] * 4)
+        got = sort_ties(**batch)
+        assert int(got[0][slot]) == int(want[0][0])
+        assert torch.equal(got[1][slot : slot + 1].view(torch.int32), want[1].view(torch.int32))
+
+
 # --- properties ----------------------------------------------------------------------------------
 
 
@@ -325,6 +357,41 @@ def test_fast_tokens_are_the_reference_tokens_and_in_range(data, lane, device):
     assert torch.equal(tokens, r_tok)
     assert bool(((tokens >= 0) & (tokens < vocab)).all())
     assert compare_tolerance(r_lp, logprob, ref.tolerance_bound(**kwargs)[1]).within
+
+
+@pytest.mark.cpu
+def test_a_production_vocabulary_with_plateaus_nan_and_inf_on_the_cpu_lane():
+    """V = 151936 (Qwen's vocabulary; the cpu strategy stops at 4096) in bf16, once (the
+    interpreter pays ~4 s per request, ~20 s with a top-p cut, so none here): a four-level tie
+    plateau cut inside its second level by top_k, a constant row of -inf and NaN (uniform), and
+    NaN / -inf / -0 sprinkled over a normal row.  Tokens are the
+    reference's (the plateau's also the oracle's), every one in [0, V), never a NaN or -inf id."""
+    v = 151936
+    g = torch.Generator().manual_seed(151936)
+    plateau = torch.randint(0, 4, (v,), generator=g).float() * 0.5
+    constant = torch.full((v,), -math.inf)
+    constant[torch.rand(v, generator=g) < 0.3] = math.nan
+    sprinkled = torch.randn(v, generator=g) * 3
+    pick = torch.rand(v, generator=g)
+    sprinkled[pick < 0.1] = math.nan
+    sprinkled[(pick >= 0.1) & (pick < 0.2)] = -math.inf
+    sprinkled[(pick >= 0.2) & (pick < 0.25)] = -0.0
+    rows = torch.stack([plateau, constant, sprinkled]).to(torch.bfloat16)
+    args = requests(
+        rows.float(),
+        temperature=[0.9, 1.0, 1.3],
+        top_k=[50000, 0, 0],  # the top level holds ~38k tokens: the cut falls in the second
+        seeds=[3, -5, 2**62],
+        step=[0, 1, 2**33],
+    )
+    args["logits"] = rows
+    tokens, _ = launcher.sampler(**args)
+    assert torch.equal(tokens, ref.sampler(**args)[0])
+    first = {k: t[:1] for k, t in args.items()}
+    assert torch.equal(tokens[:1], component.oracle(**first)[0])
+    assert bool(((tokens >= 0) & (tokens < v)).all())
+    assert float(rows[0, tokens[0]]) >= 1.0  # the top two levels only
+    assert not math.isnan(float(rows[2, tokens[2]])) and float(rows[2, tokens[2]]) > -math.inf
 
 
 # --- the GPU build (compiled ahead of time: no GPU needed) ----------------------------------------

@@ -5,19 +5,24 @@ stage and a batch max that only outliers move are caught, each by the transforms
 the rewrites (layout kept, the victim and integer rows untouched, only the other requests' pool
 tokens rewritten), the registry's derivation, and the negative controls the issue names on the
 cpu lane: ``fp8_quant``'s per-tensor dynamic scale, ``fused_moe``'s per-tensor FP8 activations
-and ``rms_norm``'s eps scaled by the batch max.
+and ``rms_norm``'s eps scaled by the batch max; and ``Component.content_rows``: the sampler's
+check rewrites its logits only (its temperature and top_p rows are parameters), passes on the
+shipped kernel and catches a sampler whose token follows the batch's logits.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import pytest
 import torch
 
+from batchinv.fast.sampler import sampler as fast_sampler
 from batchinv.harness import invariance, requests
 from batchinv.harness.bitpatterns import to_bits
-from batchinv.harness.checks import DRIVERS, NEIGHBOUR_CASES_CPU, run_check
+from batchinv.harness.checks import DRIVERS, FAST, NEIGHBOUR_CASES_CPU, run_check
 from batchinv.harness.lanes import Lane
 from batchinv.harness.neighbours import CPU_TRANSFORM_GROUPS, TRANSFORMS, copy_layout, rewrite_rows
 from batchinv.harness.registry import CHECKS, INVARIANCE_CHECKS, NEIGHBOUR_CHECKS, Batch, components, get
@@ -211,3 +216,83 @@ def test_a_request_level_batch_statistic_over_the_pages_is_caught():
     caught = invariance.neighbours(batch_max_scaled, batch, [1], layout.rewrite_others, TRANSFORMS, "request")
     assert not caught.passed
     assert caught.where[0] == "victim request 1 beside neighbours scaled by 1e3 vs original neighbours"
+
+
+# --- content rows: contents rewritten, per-request parameters kept ------------------------------
+
+
+def _sampler_batch() -> Batch:
+    comp = get("sampler")
+    return comp.build(comp.cases(Lane.CPU)[0], torch.device("cpu"))
+
+
+def test_the_sampler_names_its_logits_as_contents_and_has_the_check():
+    comp = get("sampler")
+    assert comp.content_rows == ("logits",) and comp.checks is None
+    assert "neighbours" in comp.applicable_checks()
+    floating = {n for n, t in _sampler_batch().rows.items() if t.dtype.is_floating_point}
+    assert floating == {"logits", "temperature", "top_p"}  # the two parameters the check must keep
+
+
+def test_content_rows_rewrite_the_logits_and_keep_the_parameters():
+    batch, victim = _sampler_batch(), 1
+    others = [r for r in range(batch.num_rows) if r != victim]
+    for t in TRANSFORMS:
+        out, changed = rewrite_rows(batch, [victim], t, ("logits",))
+        assert changed, t.label
+        for name in ("temperature", "top_p", "top_k", "seeds", "step"):
+            assert out.rows[name] is batch.rows[name], (t.label, name)
+        new, old = out.rows["logits"], batch.rows["logits"]
+        assert torch.equal(to_bits(new[victim]), to_bits(old[victim])), t.label
+        assert not torch.equal(to_bits(new[others]), to_bits(old[others])), t.label
+    # without content_rows every floating-point row is contents: top_p at 1e3 is out of range
+    default, _ = rewrite_rows(batch, [victim], TRANSFORMS[0])
+    assert bool((default.rows["top_p"][others] > 1).all())
+
+
+def test_content_rows_naming_a_missing_or_integer_row_is_an_error():
+    batch = _batch()
+    with pytest.raises(ValueError, match=r"content_rows: 'y' is not a rows tensor.*\['ids', 'x'\]"):
+        rewrite_rows(batch, [0], TRANSFORMS[0], ("y",))
+    with pytest.raises(
+        ValueError, match=r"content_rows: 'ids' must be a floating-point tensor.*got torch.int32"
+    ):
+        rewrite_rows(batch, [0], TRANSFORMS[0], ("ids",))
+    for bad in ((), ["logits"], ("logits", 3)):
+        with pytest.raises(ValueError, match="content_rows must be None or a non-empty tuple"):
+            dataclasses.replace(get("sampler"), content_rows=bad)
+
+
+@pytest.mark.parametrize("index", range(NEIGHBOUR_CASES_CPU))
+def test_the_sampler_check_passes_on_the_shipped_kernel(index):
+    comp = get("sampler")
+    result = run_check(comp, FAST, "neighbours", comp.cases(Lane.CPU)[index], Lane.CPU)
+    assert result.status == "pass", (result.status, result.detail)
+
+
+def _shipped_sampler(b: Batch) -> tuple[torch.Tensor, ...]:
+    return fast_sampler(**b.kwargs())
+
+
+def _batch_max_shift(b: Batch) -> tuple[torch.Tensor, ...]:
+    """The shipped sampler on logits shifted by the whole batch's max: a batch-wide stabiliser."""
+    kw = b.kwargs()
+    return fast_sampler(**{**kw, "logits": kw["logits"] - kw["logits"].amax()})
+
+
+def test_a_sampler_whose_token_follows_the_batch_max_is_caught():
+    batch = _sampler_batch()
+    sampled = [v for v in range(batch.num_rows) if float(batch.rows["temperature"][v]) > 0]
+    rewrite = functools.partial(rewrite_rows, content_rows=("logits",))
+    shipped = invariance.neighbours(_shipped_sampler, batch, sampled, rewrite, TRANSFORMS, "request")
+    assert shipped.passed and shipped.comparisons == len(sampled) * len(TRANSFORMS)
+    caught = invariance.neighbours(_batch_max_shift, batch, sampled, rewrite, TRANSFORMS, "request")
+    assert not caught.passed
+    # the token itself moves, not only the log-prob: beside NaN neighbours the victim's row is NaN
+    nan = next(t for t in TRANSFORMS if t.label == "set to NaN")
+    moved = [
+        v
+        for v in sampled
+        if int(_batch_max_shift(rewrite(batch, [v], nan)[0])[0][v]) != int(_batch_max_shift(batch)[0][v])
+    ]
+    assert moved, "no victim's token moved beside NaN neighbours"

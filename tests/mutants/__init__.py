@@ -726,4 +726,12 @@ MUTANTS = (
         "the step is dropped from the counter's low word: the draw is not the (seed, step) stream",
         ("agreement",),
     ),
+    Mutant(
+        "sampler_logits_shifted_by_the_batch_max",
+        "sampler",
+        sampler_mutants.sampler_logits_shifted_by_the_batch_max,
+        "the logits shifted by the whole batch's max (a batch-wide softmax stabiliser): a request's "
+        "log-prob and token follow the other requests' logits",
+        ("neighbours",),
+    ),
 )
