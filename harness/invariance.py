@@ -191,7 +191,7 @@ def _runs(ids: Sequence[int]) -> list[list[int]]:
     return runs
 
 
-class _Compared(list):  # type: ignore[type-arg]
+class _Compared(list):
     """:func:`compare_outputs`' reports, with ``sides``: (expected's launches, actual's, names)."""
 
     sides: tuple[Any, Any, tuple[str, str] | None] | None = None

@@ -384,7 +384,7 @@ def dry() -> bool:
 # --- outputs and their launches ------------------------------------------------------------------
 
 
-class _Launched(tuple):  # type: ignore[type-arg]
+class _Launched(tuple):
     """A subject call's outputs with the call's :class:`CallLaunches` beside them."""
 
     launches: CallLaunches | None = None
