@@ -74,6 +74,7 @@ def _axes(text: str) -> dict[str, object]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from batchinv.harness.registry import components
@@ -100,7 +101,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
         n = str(len(comp.cases(lane))) if lane in comp.lanes else "not run on this lane"
         lanes = ", ".join(lane_names(comp.lanes))
-        extra = (_first_case_launches(comp, lane),) if args.launches else ()
+        extra = (escape(_first_case_launches(comp, lane)),) if args.launches else ()  # "[name]" is no markup
         table.add_row(
             comp.name, comp.summary, lanes, kind, ", ".join(comp.applicable_checks()), baselines, n, *extra
         )

@@ -69,6 +69,11 @@ class Launch:
     constexprs: tuple[tuple[str, Any], ...]
     grid: tuple[int, ...] | None = None
     execution: str | None = None
+    #: the launch's scalar runtime arguments (ints and floats that are no constexpr: sizes,
+    #: strides, a split length): not part of the execution -- they follow the shapes -- but a
+    #: reduction a runtime integer chooses shows only here (a failure message names those that
+    #: differ between two launches of the same execution)
+    scalars: tuple[tuple[str, Any], ...] = ()
 
     @property
     def key(self) -> ExecutionKey:
@@ -166,6 +171,7 @@ class _Spec:
     constexprs: tuple[tuple[int, str, Any], ...]  # (position, name, default)
     params: frozenset[str]
     names: tuple[str, ...]
+    positions: frozenset[int]  # of the constexpr parameters
 
 
 def _is_constexpr(annotation: Any) -> bool:
@@ -189,6 +195,7 @@ def _spec(kernel: Any) -> _Spec:
             ),
             params=frozenset(p.name for p in params),
             names=tuple(p.name for p in params),
+            positions=frozenset(i for i, p in enumerate(params) if _is_constexpr(p.annotation)),
         )
         kernel.__dict__["_batchinv_spec"] = spec
     return spec
@@ -231,6 +238,11 @@ def _wrap_run(original: Any) -> Any:
             value = kwargs[name] if name in kwargs else (args[i] if i < len(args) else default)
             values.append((name, _plain(value)))
         values += [(k, _plain(v)) for k, v in kwargs.items() if k not in spec.params]
+        scalars = tuple(
+            (spec.names[i], v)
+            for i, v in enumerate(args[: len(spec.names)])
+            if type(v) in (int, float) and i not in spec.positions
+        )
         pending = state.pending
         execution = None
         if pending is not None:
@@ -240,7 +252,9 @@ def _wrap_run(original: Any) -> Any:
                 execution = name
             elif owner == spec.module:
                 execution = name
-        log.append(Launch(spec.name, spec.module, tuple(values), _grid(grid, spec, args, kwargs), execution))
+        log.append(
+            Launch(spec.name, spec.module, tuple(values), _grid(grid, spec, args, kwargs), execution, scalars)
+        )
         if state.dry:
             return None
         return original(self, *args, grid=grid, warmup=warmup, **kwargs)
@@ -416,8 +430,40 @@ def contrast(expected: CallLaunches | None, actual: CallLaunches | None, names: 
     if expected is None or actual is None:
         return ""
     if set(expected.executions()) == set(actual.executions()) and expected.notes == actual.notes:
-        return f"both ran {expected.describe(versus=expected)}"
+        return f"both ran {expected.describe(versus=expected)}" + _runtime_difference(expected, actual)
     return f"{names[0]} ran {expected.describe(actual)}; {names[1]} ran {actual.describe(expected)}"
+
+
+def _runtime_difference(a: CallLaunches, b: CallLaunches) -> str:
+    """Where two calls ran the same executions: the grids and scalar runtime arguments that
+    differ between their first launches of each kernel (``" (runtime arguments differ:
+    k_per_split 32 / 8; grid (2, 1, 5) / (1, 1, 20))"``), "" where none do."""
+    theirs: dict[str, Launch] = {}
+    for launch in b.launches:
+        theirs.setdefault(launch.kernel, launch)
+    parts: list[str] = []
+    seen: set[str] = set()
+    for launch in a.launches:
+        other = theirs.get(launch.kernel)
+        if other is None or launch.kernel in seen:
+            continue
+        seen.add(launch.kernel)
+        mine, other_scalars = dict(launch.scalars), dict(other.scalars)
+        parts += [
+            f"{k} {v} / {other_scalars[k]}"
+            for k, v in mine.items()
+            if k in other_scalars and other_scalars[k] != v
+        ]
+        if launch.grid != other.grid and launch.grid is not None and other.grid is not None:
+            parts.append(f"{launch.kernel} grid {launch.grid} / {other.grid}")
+    if not parts:
+        return ""
+    return (
+        " (runtime arguments differ: "
+        + "; ".join(parts[:MAX_NAMED])
+        + (" ..." if len(parts) > MAX_NAMED else "")
+        + ")"
+    )
 
 
 # --- a check's launches, by sweep point ----------------------------------------------------------

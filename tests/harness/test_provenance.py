@@ -128,7 +128,10 @@ def test_a_failure_where_both_sides_ran_the_same_execution_says_so():
         return (y + (1e-3 if x.shape[0] < 4 else 0.0),)
 
     out = invariance.batch_prefix(noisy, Batch({"x": torch.ones(8, 3)}), [1])
-    assert not out.passed and "both ran scale_kernel" in out.detail, out.detail
+    assert not out.passed and "both ran scale_kernel (runtime arguments differ: n 24 / 3" in out.detail, (
+        out.detail
+    )
+    assert "scale_kernel grid (2,) / (1,)" in out.detail  # what follows M, named, not an execution
 
 
 def test_a_call_with_no_triton_launch_says_so():
@@ -233,3 +236,38 @@ def test_an_outside_subjects_triton_launches_are_recorded_as_ours(outside):
     assert varies.status == "fail", varies.detail
     assert "in the launch of 12 rows ran outside_mean_kernel FP64=False" in varies.detail, varies.detail
     assert "ran outside_mean_kernel FP64=True" in varies.detail
+
+
+def test_the_cli_shows_launches_in_list_and_repro(capsys):
+    from batchinv.harness.cli import main
+
+    assert main(["list", "matmul", "--lane", "cpu", "--launches", "--no-entry-points"]) == 0
+    listed = capsys.readouterr().out
+    assert "fast launches (first case)" in listed and "chunked_matmul_kernel" in listed, listed
+    comp = get("matmul")
+    case = comp.cases(Lane.CPU)[1]
+    argv = ["repro", "matmul", "--check", "agreement", "--lane", "cpu", "--seed", str(case.seed)]
+    assert main([*argv, "--axes", case.axes_json()]) == 0
+    shown = capsys.readouterr().out
+    assert "launched:" in shown and "chunked_matmul_kernel" in shown and "(1 call: agreement)" in shown, shown
+
+
+def test_the_html_report_folds_each_cases_launches():
+    from batchinv.harness import html_report
+
+    row = {
+        "status": "pass",
+        "case": "c",
+        "launches": [
+            {
+                "kernel": "k",
+                "execution": "16x64 split",
+                "constexprs": {"BLOCK_M": 16},
+                "calls": 2,
+                "at": ["M=1"],
+            },
+            {"note": provenance.REFERENCE, "calls": 1, "at": ["M=2"]},
+        ],
+    }
+    page = html_report._case_block(row)
+    assert "launched: 2 execution(s)" in page and "k [16x64 split] BLOCK_M=16 (2 calls: M=1)" in page
