@@ -656,7 +656,7 @@ def _unproved_executions(run: _Run, outcome: invariance.DriverResult) -> None:
     launches an execution (:attr:`provenance.Launch.key`: the kernel and every constexpr and
     launch option) that none of this check's runs proved: neither the shipped launch on the case
     nor any of ``configs`` -- the table picked an execution its ``configs`` do not list, whose
-    bits no check compared with the others'."""
+    bits config_equivalence never compared with the shipped launch's on this case."""
     proved = set(outcome.launches.executions())
     swept = _swept_launches(run)
     unproved = {k: v for k, v in swept.executions().items() if k not in proved}
@@ -677,6 +677,8 @@ def _unproved_executions(run: _Run, outcome: invariance.DriverResult) -> None:
     )
     report = BitwiseReport(False, run.batch.num_rows, 0, reason=reason)
     outcome.record("unproved execution", [report], meaningful=False)
+    if reason not in outcome.detail:  # bits differed first: the verdict is said too
+        outcome.detail += f"; unproved execution: {reason}"
     outcome.launches.merge(swept)
 
 

@@ -492,8 +492,6 @@ class Tally:
             if len(labels) < MAX_LABELS and label not in labels:
                 labels.append(label)
         for key, launch in calls.executions().items():
-            if key not in self._launches and len(self._launches) >= MAX_EXECUTIONS:
-                continue
             _, labels, count = self._launches.setdefault(key, (launch, [], [0]))
             count[0] += 1
             if len(labels) < MAX_LABELS and label not in labels:
@@ -502,8 +500,6 @@ class Tally:
     def merge(self, other: Tally) -> None:
         """Fold ``other``'s calls in (their labels as ``other`` recorded them)."""
         for key, (launch, labels, count) in other._launches.items():
-            if key not in self._launches and len(self._launches) >= MAX_EXECUTIONS:
-                continue
             _, mine, n = self._launches.setdefault(key, (launch, [], [0]))
             n[0] += count[0]
             mine += [lb for lb in labels if lb not in mine][: MAX_LABELS - len(mine)]
@@ -528,12 +524,16 @@ class Tally:
     def to_json(self) -> list[dict[str, Any]]:
         """The report row's ``launches``: one entry per execution -- ``kernel``, ``execution``
         (the launcher's name or None), ``constexprs``, ``calls``, ``at`` (sweep point labels) --
-        and per note (``note``, ``calls``, ``at``)."""
+        and per note (``note``, ``calls``, ``at``); at most :data:`MAX_EXECUTIONS` entries, then
+        one ``{"more": n}`` (the tally itself keeps every execution: the verdicts see them all)."""
         rows: list[dict[str, Any]] = [
             {"note": text, "calls": count[0], "at": list(labels)}
             for text, (labels, count) in self._notes.items()
         ]
         for launch, labels, count in self._launches.values():
+            if len(rows) >= MAX_EXECUTIONS:
+                rows.append({"more": len(self._launches) + len(self._notes) - MAX_EXECUTIONS})
+                break
             rows.append(
                 {
                     "kernel": launch.kernel,
@@ -551,6 +551,9 @@ def lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     note: ``chunked_matmul_kernel [16x64 g2 w4 s3 split] BLOCK_M=16 ... (3 calls: M=1, M=2)``."""
     out = []
     for row in rows:
+        if "more" in row:
+            out.append(f"... {row['more']} more")
+            continue
         head = row.get("note") or (
             str(row.get("kernel", "?"))
             + (f" [{row['execution']}]" if row.get("execution") else "")

@@ -271,3 +271,14 @@ def test_the_html_report_folds_each_cases_launches():
     }
     page = html_report._case_block(row)
     assert "launched: 2 execution(s)" in page and "k [16x64 split] BLOCK_M=16 (2 calls: M=1)" in page
+
+
+def test_the_report_keeps_at_most_max_executions_and_the_verdicts_see_them_all():
+    tally = provenance.Tally()
+    for i in range(provenance.MAX_EXECUTIONS + 3):
+        launch = provenance.Launch("k", "m", (("BLOCK", i),))
+        tally.add(provenance.CallLaunches((launch,)), f"M={i}")
+    rows = tally.to_json()
+    assert len(rows) == provenance.MAX_EXECUTIONS + 1 and rows[-1] == {"more": 3}
+    assert len(tally.executions()) == provenance.MAX_EXECUTIONS + 3
+    assert provenance.lines(rows)[-1] == "... 3 more"
