@@ -25,6 +25,7 @@ enumeration and the field checks of the config dataclasses live here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Generic, TypeAlias, TypeVar
 
@@ -77,12 +78,34 @@ class UpTo(MBucket[X]):
 ExecutionTable: TypeAlias = tuple[MBucket[X], ...]
 
 
+#: Who hears which execution a launcher picked (:func:`note_execution`): the harness's launch
+#: provenance (:mod:`batchinv.harness.provenance`) installs itself; None: nobody (one test).
+_LISTENER: Callable[[object], None] | None = None
+
+
+def set_execution_listener(listener: Callable[[object], None] | None) -> None:
+    """Install ``listener`` (None: none), called with every execution :func:`select_by_m`
+    returns.  The harness's listener keeps the name only inside its own per-thread recording."""
+    global _LISTENER
+    _LISTENER = listener
+
+
+def note_execution(execution: object) -> None:
+    """Tell the listener (if any) that the launch about to run takes ``execution`` (its
+    ``name``, where it has one, labels the launch in reports).  Never changes what runs."""
+    listener = _LISTENER
+    if listener is not None:
+        listener(execution)
+
+
 def select_by_m(table: ExecutionTable[X], m: int, fallback: X) -> X:
     """The execution of a launch of ``m`` rows: that of the first rule of ``table`` whose
-    bucket takes ``m``, else ``fallback``."""
+    bucket takes ``m``, else ``fallback`` (noted for the harness, :func:`note_execution`)."""
     for rule in table:
         if rule.max_m is None or m <= rule.max_m:
+            note_execution(rule.execution)
             return rule.execution
+    note_execution(fallback)
     return fallback
 
 

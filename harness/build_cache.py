@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from batchinv.harness import provenance
 from batchinv.harness.registry import Batch, Case, Component
 
 #: How many built batches a process keeps (least recently used first out).
@@ -63,7 +64,8 @@ def built(component: Component, case: Case, device: torch.device) -> Batch:
     key = (component.name, id(component.build), case.axes_json(), case.seed, str(device))
     hit = _CACHE.get(key)
     if hit is None:
-        batch = component.build(case, device)
+        with provenance.paused():  # the judge's work: run, never recorded nor replayed dry
+            batch = component.build(case, device)
         size = _nbytes(batch)
         if size > MAX_BYTES:  # too large to keep: build it for this caller only
             return batch

@@ -25,7 +25,7 @@ from typing import Any, TypeAlias
 
 import torch
 
-from batchinv.harness import invariance, isolation, neighbours, strict_json
+from batchinv.harness import invariance, isolation, neighbours, provenance, strict_json
 from batchinv.harness.build_cache import built
 from batchinv.harness.compare import (
     BitwiseReport,
@@ -115,6 +115,11 @@ class CheckResult:
     #: the first differing element with both sides' bits in hex and values
     #: (:attr:`invariance.DriverResult.first`; exact agreement: expected is the reference)
     first: dict[str, Any] | None = None
+    #: launch provenance: each distinct execution the subject's calls ran in this check (Triton
+    #: kernel, the launcher's execution name, constexprs), with its number of calls and the sweep
+    #: points that ran it, and each note (the reference, torch operators only, an adapter's
+    #: backend): :meth:`provenance.Tally.to_json`, at most :data:`provenance.MAX_EXECUTIONS`
+    launches: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
         """One line of strict JSON (non-finite figures as the strings "inf", "-inf", "nan")."""
@@ -427,16 +432,24 @@ def _record(outcome: invariance.DriverResult, run: _Run) -> None:
     result.points = [] if outcome.passed else outcome.points  # the heatmap of a failure only
     result.first = outcome.first
     result.detail = outcome.detail
+    result.launches = outcome.launches.to_json()
     run.launches.mark(result)
 
 
 def _agreement_check(run: _Run) -> None:
-    """agreement: ``fast`` against the reference (the oracle where ``fast`` ran the reference)."""
-    fast_out = run.call(run.batch)
+    """agreement: ``fast`` against the reference (the oracle where ``fast`` ran the reference);
+    the row names what fast ran (a failure's detail too)."""
+    with provenance.recording() as rec:
+        fast_out = run.call(run.batch)
     if run.launches.reference:
         _oracle_agreement(run.component, run.batch, fast_out, run.result)
     else:
         _agreement(run.component, run.batch, fast_out, run.result)
+    tally = provenance.Tally()
+    tally.add(rec.calls(), "agreement")
+    run.result.launches = tally.to_json()
+    if run.result.status == "fail":
+        run.result.detail += f"; {subject_name(run.subject)} ran {rec.calls().describe()}"
 
 
 def threshold_case(component: Component, case: Case, lane: Lane) -> bool:
@@ -585,9 +598,91 @@ def _config_equivalence(run: _Run) -> invariance.DriverResult | None:
             "the configs' by construction, which is no variance"
         )
         return None
-    return invariance.config_equivalence(
+    outcome = invariance.config_equivalence(
         run.call, run.batch, _config_calls(run.component, run.batch, run.lane)
     )
+    if run.subject == FAST:
+        _unproved_executions(run, outcome)
+    return outcome
+
+
+#: The checks whose launches :func:`_unproved_executions` replays (those of them a component
+#: applies): every invariance check that launches the subject in this process, but
+#: ``config_equivalence`` itself, ``modes`` (torch.compile re-traces the eager launches) and the
+#: layout checks ``row_start`` and ``placement`` (a layout the tables do not key on -- an
+#: unaligned row read through pointers instead of TMA -- is judged there, bitwise, against the
+#: launch of the original layout).  Named, not derived: a new check joins by choice.
+REPLAYED_CHECKS: tuple[str, ...] = (
+    "batch_prefix",
+    "position",
+    "partition",
+    "repeat",
+    "co_batch",
+    "slot",
+    "phase",
+    "padding",
+    "neighbours",
+    "tp_degree",
+)
+
+
+def _swept_launches(run: _Run) -> provenance.Tally:
+    """fast's launches in the case's other checks (:data:`REPLAYED_CHECKS` the component applies), replayed
+    dry (:func:`provenance.recording`: launches recorded, not run): each check's driver set up
+    exactly as :func:`run_check` sets it up (the same seeded generator, so the same random
+    targets and offsets), its comparisons thrown away.  A check whose replay raises is left out."""
+    tally = provenance.Tally()
+    # The component's own checks (its fields and ``checks``), not a narrowed selection (a
+    # subclass restricting applicable_checks, as the mutant suite's): the verdict is about what
+    # the launcher picks for the case, whichever checks this run selected.
+    for check in Component.applicable_checks(run.component):
+        if check not in REPLAYED_CHECKS:
+            continue
+        scratch = _new_result(run.component, run.subject, check, run.case, run.lane, run.m_limit)
+        with provenance.recording(dry=True):
+            replay = _prepare(
+                run.component, run.subject, check, run.case, run.lane, scratch, run.m_limit, None
+            )
+            if _not_applicable(replay):
+                continue
+            try:
+                outcome = DRIVERS[check](replay)
+            except Exception:  # garbage outputs tripped a driver: that check's launches unknown
+                continue
+        if outcome is not None:
+            tally.merge(outcome.launches.prefixed(check))
+    return tally
+
+
+def _unproved_executions(run: _Run, outcome: invariance.DriverResult) -> None:
+    """Fail ``outcome`` loudly where fast, anywhere in the case's sweep (:func:`_swept_launches`),
+    launches an execution (:attr:`provenance.Launch.key`: the kernel and every constexpr and
+    launch option) that none of this check's runs proved: neither the shipped launch on the case
+    nor any of ``configs`` -- the table picked an execution its ``configs`` do not list, whose
+    bits config_equivalence never compared with the shipped launch's on this case."""
+    proved = set(outcome.launches.executions())
+    swept = _swept_launches(run)
+    unproved = {k: v for k, v in swept.executions().items() if k not in proved}
+    if not unproved:
+        return
+    shown = []
+    for launch, labels in list(unproved.values())[:4]:
+        at = ", ".join(labels[:6]) + (" ..." if len(labels) > 6 else "")
+        constexprs = " ".join(f"{k}={v}" for k, v in launch.constexprs)
+        shown.append(f"{launch.label()} {constexprs} at {at}")
+    names = sorted(
+        {(launch.execution or launch.kernel) for launch, _ in outcome.launches.executions().values()}
+    )
+    reason = (
+        f"fast launched {len(unproved)} execution(s) config_equivalence never proved: "
+        + "; ".join(shown)
+        + f" (proved on this case: {len(proved)} execution(s): {', '.join(names[:8])})"
+    )
+    report = BitwiseReport(False, run.batch.num_rows, 0, reason=reason)
+    outcome.record("unproved execution", [report], meaningful=False)
+    if reason not in outcome.detail:  # bits differed first: the verdict is said too
+        outcome.detail += f"; unproved execution: {reason}"
+    outcome.launches.merge(swept)
 
 
 def _modes_check(run: _Run) -> invariance.DriverResult | None:
@@ -812,12 +907,15 @@ class _Launches:
     reference: int = 0
 
     def note(self, batch: Batch) -> None:
+        """Count the launch of ``batch`` (a launch off the fast path is noted in the call's
+        launch provenance: :data:`provenance.REFERENCE`)."""
         if self.fast_path is None:
             return
         if self.fast_path(batch):
             self.kernel += 1
         else:
             self.reference += 1
+            provenance.note(provenance.REFERENCE)
 
     def mark(self, result: CheckResult) -> None:
         """A pass becomes ``reference path`` when any launch ran the reference (an invariance
@@ -1088,6 +1186,7 @@ def run_checks(
                 "first_difference",
                 "points",
                 "first",
+                "launches",
                 "detail",
                 "seconds",
             ):

@@ -74,6 +74,7 @@ def _axes(text: str) -> dict[str, object]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from batchinv.harness.registry import components
@@ -90,6 +91,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         "checks",
         "baselines",
         f"cases on {lane.value}",
+        *(("fast launches (first case)",) if args.launches else ()),
     ):
         table.add_column(col)
     for comp in components(args.components or None):
@@ -99,12 +101,39 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
         n = str(len(comp.cases(lane))) if lane in comp.lanes else "not run on this lane"
         lanes = ", ".join(lane_names(comp.lanes))
-        table.add_row(comp.name, comp.summary, lanes, kind, ", ".join(comp.applicable_checks()), baselines, n)
+        extra = (escape(_first_case_launches(comp, lane)),) if args.launches else ()  # "[name]" is no markup
+        table.add_row(
+            comp.name, comp.summary, lanes, kind, ", ".join(comp.applicable_checks()), baselines, n, *extra
+        )
     console = wide_console()
     console.print(table)
     if not args.no_entry_points:
         _print_entry_points(console, args.components or None)
     return 0
+
+
+def _first_case_launches(comp: Any, lane: Any) -> str:
+    """What ``comp.fast`` launches on its first case of ``lane`` (one real call, recorded by
+    :func:`batchinv.harness.provenance.recording`: a dry replay would feed a launcher that reads
+    its kernels' outputs on the host unwritten memory)."""
+    import torch
+
+    from batchinv.harness import provenance
+    from batchinv.harness.build_cache import built
+    from batchinv.harness.lanes import lane_device
+
+    cases = comp.cases(lane) if lane in comp.lanes else []
+    if not cases:
+        return "-"
+    try:
+        batch = built(comp, cases[0], torch.device(lane_device(lane)))
+        with torch.no_grad(), provenance.recording() as rec:
+            if comp.fast_path is not None and not comp.fast_path(batch):
+                provenance.note(provenance.REFERENCE)
+            comp.fast(**batch.kwargs())
+    except Exception as exc:  # said, not guessed
+        return f"error: {type(exc).__name__}: {exc}"[:200]
+    return rec.calls().describe()
 
 
 def _print_entry_points(console: Any, names: list[str] | None) -> None:
@@ -496,6 +525,12 @@ def cmd_repro(args: argparse.Namespace) -> int:
         print(f"  first difference: {r.first_difference}")
     if r.detail:
         print(f"  {r.detail}")
+    if r.launches:
+        from batchinv.harness.provenance import lines
+
+        print("  launched:")
+        for line in lines(r.launches):
+            print(f"    {line}")
     return 0 if r.status in ("pass", "skip", "reference path") else 1
 
 
@@ -651,6 +686,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list registered components and outside subjects (entry points)")
     p.add_argument("components", nargs="*")
     p.add_argument("--no-entry-points", action="store_true", help="leave out the entry-point subjects")
+    p.add_argument(
+        "--launches",
+        action="store_true",
+        help="add what fast launches on its first case (kernels, execution names, constexprs): one call each",
+    )
     add_lane(p)
     p.set_defaults(func=cmd_list)
 

@@ -614,5 +614,16 @@ def _case_block(r: Mapping[str, Any]) -> str:
         f'<div class="case {status.replace(" ", "-")}"><div><b>{_e(status)}</b> {_e(r.get("case"))} '
         f'<span class="small">{_e("; ".join(figures))}</span></div>{test}'
         f"<div>{_e(r.get('detail'))}</div>{where}{f'<div>{first}</div>' if first else ''}"
-        f"{_repro(r.get('repro', ''))}</div>"
+        f"{_launches(r)}{_repro(r.get('repro', ''))}</div>"
     )
+
+
+def _launches(r: Mapping[str, Any]) -> str:
+    """The row's launch provenance (``launches``), folded: what the subject ran, by sweep point."""
+    from batchinv.harness.provenance import lines
+
+    found = lines(r.get("launches") or [])
+    if not found:
+        return ""
+    items = "".join(f"<li><code>{_e(line)}</code></li>" for line in found)
+    return f'<details class="small"><summary>launched: {len(found)} execution(s)</summary><ul>{items}</ul></details>'

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from batchinv.harness import phases
+from batchinv.harness import phases, provenance
 from batchinv.harness.compare import BitwiseReport, compare_bitwise
 from batchinv.harness.lanes import Lane
 from batchinv.harness.neighbours import Transform
@@ -89,8 +89,11 @@ class DriverResult:
             ``row`` (the row id), ``col`` (flat column within the row), ``expected_bits`` /
             ``actual_bits`` (hex) and ``expected_value`` / ``actual_value`` (``repr``) of the
             two launches compared (expected: the reference launch of the check, e.g. the
-            largest M or the request alone); None without one (no difference, or a dtype or
-            shape mismatch).
+            largest M or the request alone), and ``launched``: what each side ran
+            (:func:`provenance.contrast`; "" where unknown); None without one (no difference,
+            or a dtype or shape mismatch).
+        launches: every subject call's launches by sweep point (:class:`provenance.Tally`:
+            the report row's ``launches``).
     """
 
     passed: bool = True
@@ -104,6 +107,7 @@ class DriverResult:
     vacuous: str = "the case has no rows"
     points: list[dict[str, Any]] = field(default_factory=list)
     first: dict[str, Any] | None = None
+    launches: provenance.Tally = field(default_factory=provenance.Tally, repr=False)
     _rows: set[int] = field(default_factory=set, repr=False)
 
     def record(
@@ -121,6 +125,11 @@ class DriverResult:
         is reported ``skip``, never ``pass``."""
         if meaningful and any(r.rows_total for r in reports):
             self.comparisons += 1
+        sides = getattr(reports, "sides", None)  # compare_outputs: both sides' launches
+        if sides is not None:
+            expected_calls, actual_calls, names = sides
+            self.launches.add(actual_calls, label)
+            self.launches.add(expected_calls, names[0] if names else f"{label} (expected)")
         rows_here = max((r.rows_total for r in reports), default=0)
         self.rows_total = max(self.rows_total, rows_here)
         bad = [r for r in reports if not r.equal]
@@ -149,6 +158,11 @@ class DriverResult:
         self.rows_differing = len(self._rows)
         if not self.detail:
             self.detail = f"{label}: {bad[0]}"
+            ran = ""
+            if sides is not None:
+                ran = provenance.contrast(sides[0], sides[1], sides[2] or ("expected", "got"))
+                if ran:
+                    self.detail += f"; {ran}"
             first = bad[0].first
             if first is not None:
                 row = row_ids[first.row] if row_ids is not None else first.row
@@ -162,6 +176,7 @@ class DriverResult:
                     "actual_bits": first.actual_bits,
                     "expected_value": first.expected_value,
                     "actual_value": first.actual_value,
+                    "launched": ran,
                 }
 
 
@@ -176,11 +191,19 @@ def _runs(ids: Sequence[int]) -> list[list[int]]:
     return runs
 
 
+class _Compared(list):
+    """:func:`compare_outputs`' reports, with ``sides``: (expected's launches, actual's, names)."""
+
+    sides: tuple[Any, Any, tuple[str, str] | None] | None = None
+
+
 def compare_outputs(
     expected: Outputs, actual: Outputs, names: tuple[str, str] | None = None
 ) -> list[BitwiseReport]:
     """Bitwise reports of each output pair; ``names``: which launch each side is (``("alone",
     "in a batch of 17")``), named in a report's first difference instead of "expected / got".
+    Where both sides carry their launches (:func:`provenance.attach`, as :func:`_call` leaves
+    them), the reports carry them too, for :meth:`DriverResult.record`.
 
     Raises:
         ContractViolation: another number of outputs, or an output of another dtype or shape:
@@ -193,27 +216,36 @@ def compare_outputs(
             raise ContractViolation(
                 f"output {i}: {a.dtype} {tuple(a.shape)}, expected {e.dtype} {tuple(e.shape)} as in the other launch"
             )
-    reports = [compare_bitwise(e, a) for e, a in zip(expected, actual, strict=True)]
+    reports = _Compared(compare_bitwise(e, a) for e, a in zip(expected, actual, strict=True))
     if names is not None:
         for r in reports:
             if r.first is not None:
                 r.first.names = names
+    if provenance.of(expected) is not None or provenance.of(actual) is not None:
+        reports.sides = (provenance.of(expected), provenance.of(actual), names)
     return reports
 
 
 def _rows(outputs: Outputs, index: slice | int) -> Outputs:
     if isinstance(index, int):
         index = slice(index, index + 1)
-    return tuple(o[index] for o in outputs)
+    return provenance.carry(outputs, [o[index] for o in outputs])
+
+
+def _captured(thunk: Callable[[], Any]) -> Outputs:
+    """``thunk()``'s outputs, cloned, carrying what the call launched (:mod:`provenance`)."""
+    with provenance.recording() as rec:
+        out = as_outputs(thunk())
+    return provenance.attach([o.detach().clone() for o in out], rec.calls())
 
 
 def _call(fn: Impl, batch: Batch) -> Outputs:
-    return tuple(o.detach().clone() for o in as_outputs(fn(batch)))
+    return _captured(lambda: fn(batch))
 
 
 def _select(outputs: Outputs, index: Sequence[int]) -> Outputs:
     idx = torch.as_tensor(list(index), dtype=torch.long)
-    return tuple(o.index_select(0, idx.to(o.device)) for o in outputs)
+    return provenance.carry(outputs, [o.index_select(0, idx.to(o.device)) for o in outputs])
 
 
 def prefix_launches(num_rows: int, ms: Sequence[int], cycle_to: int = 0) -> list[tuple[int, list[int]]]:
@@ -359,9 +391,9 @@ def partition(
     """Any planned partition / SM count gives the same bits as the default plan (``None``);
     ``name`` labels the axis in the report (``partitions=3``, ``tp_degree=2``)."""
     result = DriverResult()
-    expected = tuple(o.detach().clone() for o in as_outputs(fn(batch, None)))
+    expected = _captured(lambda: fn(batch, None))
     for count in counts:
-        got = tuple(o.detach().clone() for o in as_outputs(fn(batch, count)))
+        got = _captured(lambda count=count: fn(batch, count))  # type: ignore[misc]
         result.record(f"{name}={count}", compare_outputs(expected, got, ("default plan", f"{name}={count}")))
     return result
 
@@ -370,12 +402,14 @@ def tp_degree(fn: Callable[[Batch, int], Outputs], batch: Batch, degrees: Sequen
     """Every tensor-parallel degree of ``degrees`` gives the bits of degree 1 (the single-rank
     tree over the same leaves)."""
     result = DriverResult(vacuous="the case's leaves have no TP degree but 1")
-    expected = tuple(o.detach().clone() for o in as_outputs(fn(batch, 1)))
+    expected = _captured(lambda: fn(batch, 1))
     for degree in degrees:
         if degree == 1:
             continue
-        got = tuple(o.detach().clone() for o in as_outputs(fn(batch, degree)))
-        result.record(f"tp_degree={degree}", compare_outputs(expected, got))
+        got = _captured(lambda degree=degree: fn(batch, degree))  # type: ignore[misc]
+        result.record(
+            f"tp_degree={degree}", compare_outputs(expected, got, ("tp_degree=1", f"tp_degree={degree}"))
+        )
     return result
 
 
@@ -410,6 +444,7 @@ def config_equivalence(fn: Impl, batch: Batch, variants: Mapping[str, Impl]) -> 
     (``config <name>``) with its first differing (row, col)."""
     result = DriverResult(vacuous="the component declares no other config for this case")
     expected = _call(fn, batch)
+    result.launches.add(provenance.of(expected), "shipped config")  # proved too, with no variant
     for name, variant in variants.items():
         result.record(
             f"config {name}",
@@ -458,17 +493,23 @@ def modes(
 
     want, want_calls = counted(eager, batch)
     full, full_calls = counted(compiled, batch)
-    result.record("compiled", compare_outputs(want, full))
+    result.record("compiled", compare_outputs(want, full, ("eager", "compiled")))
     ran("compiled ran the operators", want_calls, full_calls)
     if graphed is not None:
-        result.record("cuda graph", compare_outputs(want, _call(graphed, batch)))
+        result.record("cuda graph", compare_outputs(want, _call(graphed, batch), ("eager", "cuda graph")))
     for m in ms:
         if m < batch.num_rows:
             prefix = batch.take(slice(0, m))
             part, part_calls = counted(compiled, prefix)
-            result.record(f"compiled M={m}", compare_outputs(_rows(full, slice(0, m)), part))
+            result.record(
+                f"compiled M={m}",
+                compare_outputs(_rows(full, slice(0, m)), part, ("compiled whole", f"compiled M={m}")),
+            )
             eager_part, eager_calls = counted(eager, prefix)
-            result.record(f"compiled M={m} vs eager", compare_outputs(eager_part, part))
+            result.record(
+                f"compiled M={m} vs eager",
+                compare_outputs(eager_part, part, (f"eager M={m}", f"compiled M={m}")),
+            )
             ran(f"compiled M={m} ran the operators", eager_calls, part_calls)
     return result
 
@@ -658,11 +699,13 @@ def phase(fn: Impl, batch: Batch, model: PhaseModel, targets: Sequence[int], see
     plan = phases.plan(model, batch, targets, seed)
     rows = model.queries(batch, phases.used_positions(plan), torch.Generator().manual_seed(seed + 4049))
     expected: dict[tuple[int, int], Outputs] = {}
+    base_calls: dict[tuple[int, int], Outputs] = {}  # the base launch of each row (its launches)
     for launch in plan.base:
         outs = _call(fn, model.pack(batch, rows, launch.pieces))
         for piece, got in zip(launch.pieces, model.unpack(outs, launch.pieces), strict=True):
             for i in range(piece.q_len):
                 expected[(piece.request, piece.first + i)] = tuple(o[i : i + 1] for o in got)
+                base_calls[(piece.request, piece.first + i)] = outs
     compared: set[tuple[int, int]] = set()
     for launch in plan.others:
         outs = _call(fn, model.pack(batch, rows, launch.pieces))
@@ -671,8 +714,11 @@ def phase(fn: Impl, batch: Batch, model: PhaseModel, targets: Sequence[int], see
             if not at:
                 continue
             local = [p - piece.first for p in at]
-            want = tuple(torch.cat([expected[(piece.request, p)][k] for p in at]) for k in range(len(got)))
-            have = tuple(o[local] for o in got)
+            want = provenance.carry(
+                base_calls[(piece.request, at[0])],
+                [torch.cat([expected[(piece.request, p)][k] for p in at]) for k in range(len(got))],
+            )
+            have = provenance.carry(outs, [o[local] for o in got])
             reports = compare_outputs(want, have, (plan.base_phase, piece.phase))
             compared.update((piece.request, p) for p in at)
             span = f"position {at[0]}" if len(at) == 1 else f"positions {at[0]}..{at[-1]}"
@@ -682,6 +728,10 @@ def phase(fn: Impl, batch: Batch, model: PhaseModel, targets: Sequence[int], see
             if first_bad and result.detail:
                 k, report = next((k, r) for k, r in enumerate(reports) if not r.equal)
                 result.detail = _phase_detail(model, plan.base_phase, piece, at, k, report, want[k])
+                ran = provenance.contrast(
+                    provenance.of(want), provenance.of(have), (plan.base_phase, piece.phase)
+                )
+                result.detail += f"; {ran}" if ran else ""
                 if report.first is not None:
                     pos = at[report.first.row]
                     result.first_difference = (

@@ -275,8 +275,11 @@ PROPERTIES = (
     "bound_ratio",
     "rows_differing",
     "repro",
+    "launched",
     "checks",
 )
+#: The ``launched`` property's length limit (the deciding row's launch provenance, one line).
+LAUNCHED_CHARS = 600
 _ROWS = pytest.StashKey[list[Any]]()
 _CURRENT: pytest.Item | None = None
 
@@ -397,6 +400,10 @@ def properties(result: CheckResult, checks: int = 1) -> list[tuple[str, Any]]:
     """The user_properties of a registry test whose deciding row is ``result`` (None: "")."""
     values = {f: getattr(result, f, None) for f in PROPERTIES}
     values["checks"] = checks
+    from batchinv.harness.provenance import lines
+
+    launched = " | ".join(lines(getattr(result, "launches", None) or []))
+    values["launched"] = launched[:LAUNCHED_CHARS] + ("..." if len(launched) > LAUNCHED_CHARS else "")
     return [(name, "" if values[name] is None else values[name]) for name in PROPERTIES]
 
 

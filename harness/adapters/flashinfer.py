@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 
+from batchinv.harness import provenance
 from batchinv.harness.subjects import Adapter, Declared, Unsupported, declare
 from batchinv.reference.errors import BatchinvError
 
@@ -167,6 +168,17 @@ def _tune(fi: SimpleNamespace, backend: str, A: torch.Tensor, B: torch.Tensor, A
     _tuned.add(key)
 
 
+def _backend_note(backend: str, autotuned: bool) -> str:
+    """The launch provenance of a call (:func:`provenance.note`): the backend asked for; the
+    runner and tactic FlashInfer then picks are not exposed (``auto`` picks the backend too)."""
+    tuned = "tuned" if autotuned else "untuned"
+    chosen = "FlashInfer's backend choice and tactic" if backend == "auto" else "its tactic"
+    return f"flashinfer bmm_fp8 backend={backend} ({tuned}; {chosen} not exposed)"
+
+
+_BACKEND_NOTES = {(b, t): _backend_note(b, t) for b in BACKENDS for t in (False, True)}
+
+
 def _subject_fn(backend: str, autotuned: bool) -> Callable[..., torch.Tensor]:
     def run(
         A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor, dtype: torch.dtype
@@ -176,7 +188,9 @@ def _subject_fn(backend: str, autotuned: bool) -> Callable[..., torch.Tensor]:
         try:
             if autotuned:
                 _tune(fi, backend, A, B, A_scale, B_scale, dtype)
-            return fi.bmm_fp8(A, B, A_scale, B_scale, dtype, backend=backend)
+            out = fi.bmm_fp8(A, B, A_scale, B_scale, dtype, backend=backend)
+            provenance.note(_BACKEND_NOTES[(backend, autotuned)])
+            return out
         except fi.BackendSupportedError as exc:
             raise Unsupported(f"FlashInfer {fi.version} on {_arch(A.device)}: {exc}") from exc
 

@@ -105,6 +105,7 @@ def test_junit_carries_each_registry_tests_properties_under_xdist(run):
         "pass",
         CASE,
     )
+    assert "mean_kernel" in fast["launched"], fast  # launch provenance: what fast ran
     failing = _props(cases[f"test_heuristic[batch_prefix-{CASE}]"])
     assert failing["status"] == "fail" and int(failing["rows_differing"]) > 0
     assert float(failing["worst_ulp"]) > 0

@@ -177,6 +177,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("batch_prefix",),
     ),
     Mutant(
+        "matmul_untabled_execution_at_7_rows",
+        "matmul",
+        kernels.matmul_untabled_execution_at_7_rows,
+        "the launcher runs, at M = 7, an execution of the same tree that its table does not hold "
+        "(same bits here): an execution config_equivalence never proved, caught by launch provenance",
+        ("config_equivalence",),
+    ),
+    Mutant(
         "matmul_tf32_operands",
         "matmul",
         lambda: emulated.tf32_operands,

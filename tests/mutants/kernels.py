@@ -41,6 +41,7 @@ from batchinv.fast import softmax as softmax_launcher
 from batchinv.fast import swiglu as swiglu_launcher
 from batchinv.fast import topk as topk_launcher
 from batchinv.fast import tp_linear as tp_linear_launcher
+from batchinv.fast.matmul_config import Execution
 from batchinv.reference.topk import topk as reference_topk
 
 from .patch import mutate
@@ -190,6 +191,30 @@ def matmul_block_k_from_rows() -> Callable[..., Any]:
         "select_config(_arch_key(device), dtype, n, k, m, scale_layout), m)",
         entry="matmul",
         extra_globals={"halve_block_k_for_small_m": _halve_block_k_for_small_m},
+    )
+
+
+#: The execution :func:`matmul_untabled_execution_at_7_rows` runs at M = 7: the table's tree, a
+#: split-K tile no row of the interpreter's execution table (nor ``configs``) names.
+UNTABLED_EXECUTION = Execution(32, 32, group_m=1, split_k=True)
+
+
+def _untabled_execution_at_7_rows(config: Any, m: int) -> Any:
+    return replace(config, execution=UNTABLED_EXECUTION) if m == 7 else config
+
+
+def matmul_untabled_execution_at_7_rows() -> Callable[..., Any]:
+    """The launcher picks, at M = 7 only, an execution of the same tree that its table does not
+    hold: the same bits on the cpu lane (every invariance check passes), but an execution
+    ``config_equivalence`` never ran -- which launch provenance must catch, loudly."""
+    return mutate(  # type: ignore[no-any-return]
+        matmul_launcher,
+        "plan",
+        "cfg = config if config is not None else select_config(_arch_key(device), dtype, n, k, m, scale_layout)",
+        "cfg = config if config is not None else untabled_execution_at_7_rows("
+        "select_config(_arch_key(device), dtype, n, k, m, scale_layout), m)",
+        entry="matmul",
+        extra_globals={"untabled_execution_at_7_rows": _untabled_execution_at_7_rows},
     )
 
 
