@@ -435,5 +435,5 @@ COMPONENT = Component(
     # temperature and top_p rows are per-request parameters with a valid range, not contents
     # (the H200 sweep and CI: 'top_p 1000.0 at request 1').  The check needs a way to name a
     # component's content rows first (open item of issue 27).
-    checks=("agreement", "co_batch", "slot", "placement", "repeat"),
+    checks=("agreement", "co_batch", "slot", "placement", "repeat", "cross_process"),
 )
