@@ -73,9 +73,9 @@ def triton_rows_heuristic_mean(
 # --- autotuned once per process, ties broken by the hash order of the config names ------------
 
 #: Timings within this factor of the fastest count as a tie (the autotuner cannot tell them
-#: apart).  Wide, as an autotuner's noise floor on a loaded host is: the two candidates do equal
-#: work per step (``block_m * block_n`` elements), so on the interpreter they tie by construction
-#: and the tie-break decides, whatever the machine's load.
+#: apart).  The two candidates do equal work (``block_m * block_n`` elements per step, as many
+#: steps), so on the interpreter, timed in CPU seconds (:func:`_seconds`), they tie with a wide
+#: margin and the tie-break decides, whatever the machine's load.
 AUTOTUNE_TIE = 2.0
 #: Timed runs per candidate (the fastest counts).
 AUTOTUNE_RUNS = 3
@@ -96,15 +96,20 @@ def autotune_candidates(device: torch.device, dtype: torch.dtype, n_cols: int) -
 
 
 def _seconds(fn: Callable[[], object], device: torch.device) -> float:
+    """The fastest of :data:`AUTOTUNE_RUNS` runs of ``fn``: wall-clock seconds around a
+    synchronize on a GPU; on the CPU (the interpreter) the process's CPU seconds, which the
+    machine's load does not stretch, so two tiles of equal work tie on a loaded host too."""
+    cuda = device.type == "cuda"
+    clock = time.perf_counter if cuda else time.process_time
     best = float("inf")
     for _ in range(AUTOTUNE_RUNS):
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize(device)
-        start = time.perf_counter()
+        start = clock()
         fn()
-        if device.type == "cuda":
+        if cuda:
             torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return best
 
 
