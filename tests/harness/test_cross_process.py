@@ -312,3 +312,25 @@ def test_batchinv_list_shows_the_check(capsys):
 
     assert main(["list", "mean", "--lane", "cpu", "--no-entry-points"]) == 0
     assert "cross_process" in capsys.readouterr().out
+
+
+def test_the_html_matrix_has_the_check_s_column_and_the_two_properties():
+    from batchinv.harness.html_report import _matrix_section
+
+    def row(comp: str, check: str, status: str) -> dict:
+        return {"component": comp, "subject": "fast", "check": check, "status": status, "case": "c"}
+
+    page = _matrix_section(
+        [
+            row("autotuned", "batch_prefix", "pass"),
+            row("autotuned", "cross_process", "fail"),
+            row("split_by_m", "batch_prefix", "fail"),
+            row("split_by_m", "cross_process", "pass"),
+        ]
+    )
+    assert "<th>cross_process</th>" in page
+    assert '<td class="property yes" data-property="batch-invariant">yes</td>' in page
+    assert '<td class="property no" data-property="deterministic at fixed shape">no</td>' in page
+    autotuned, split = page.split("<th>autotuned</th>")[1].split("<th>split_by_m</th>")
+    assert 'class="property yes" data-property="batch-invariant"' in autotuned
+    assert 'class="property no" data-property="batch-invariant"' in split
