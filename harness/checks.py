@@ -3,7 +3,9 @@
 This is where the registry meets the drivers: it builds the case's inputs, calls the right
 driver, times it, turns any exception into an error row (the sweep goes on), and writes the
 one-line reproduction.  Pin candidates (baselines with ``env``) run in a subprocess, since the
-libraries they configure read their environment at handle creation.
+libraries they configure read their environment at handle creation; ``cross_process`` runs the
+case again in fresh processes (:mod:`batchinv.harness.cross_process`).  Both start their
+processes through :mod:`batchinv.harness.child_process`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import json
 import math
 import os
 import shlex
-import subprocess
 import sys
 import time
 import traceback
@@ -25,7 +26,15 @@ from typing import Any, TypeAlias
 
 import torch
 
-from batchinv.harness import invariance, isolation, neighbours, provenance, strict_json
+from batchinv.harness import (
+    child_process,
+    cross_process,
+    invariance,
+    isolation,
+    neighbours,
+    provenance,
+    strict_json,
+)
 from batchinv.harness.build_cache import built
 from batchinv.harness.compare import (
     BitwiseReport,
@@ -313,6 +322,8 @@ class _Run:
     local: Callable[[Outputs], Outputs] | None
     generator: torch.Generator
     result: CheckResult
+    #: the limit on one subject call, seconds (None: none); cross_process's children keep it too
+    limit: float | None = None
 
     def skip(self, detail: str) -> None:
         """Make the row a ``skip`` saying why (the driver then returns None)."""
@@ -393,6 +404,7 @@ def _prepare(
         local=local,
         generator=generator,
         result=result,
+        limit=timeout,
     )
 
 
@@ -784,6 +796,25 @@ def _tp_degree(run: _Run) -> invariance.DriverResult | None:
     return invariance.tp_degree(call_with, run.batch, degrees(run.batch))
 
 
+def _cross_process(run: _Run) -> invariance.DriverResult | None:
+    """cross_process: the case rebuilt in fresh processes (:mod:`batchinv.harness.cross_process`:
+    one per seed of ``CHILD_HASH_SEEDS``, empty Triton caches, the subject's time limit) gives
+    this process's bits, over every output.  On the cpu lane the component's first case, on GPU
+    lanes its first two (``case_skip_reason``; a case outside the list runs); a subject or
+    component a fresh process cannot rebuild is a skip saying why."""
+    index = _case_index(run.component, run.case, run.lane)
+    reason = cross_process.case_skip_reason(index, run.lane)
+    spec = cross_process.subject_spec(run.component, run.subject) if not reason else reason
+    if isinstance(spec, str):
+        run.skip(spec)
+        return None
+    children = cross_process.start(run.component, spec, run.case, run.lane, run.device, run.limit)
+    try:
+        return invariance.cross_process(run.call, run.batch, children.outputs)
+    finally:
+        children.close()
+
+
 #: Every check's driver, by name, in :data:`registry.CHECKS` order (the sweep's and the report's
 #: column order).  The registry owns the names (components validate theirs against them without
 #: importing this module); this table must name exactly those, in that order: an import-time error
@@ -805,6 +836,7 @@ DRIVERS: Mapping[str, Driver] = MappingProxyType(
         "config_equivalence": _config_equivalence,
         "modes": _modes_check,
         "tp_degree": _tp_degree,
+        "cross_process": _cross_process,
     }
 )
 if tuple(DRIVERS) != CHECKS:
@@ -1219,19 +1251,24 @@ def _spawn_child(
         "m_limit": m_limit,
     }
     child_env = {**os.environ, **dict(env), _CHILD_ENV: "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "batchinv.harness.checks", json.dumps(spec)],
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
+    child = child_process.Child(
+        "batchinv.harness.checks",
+        [json.dumps(spec)],
+        child_env,
+        startup_limit=PIN_CANDIDATE_LIMIT,
+        call_limit=None,
     )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"pin-candidate subprocess exited {proc.returncode}: {tail}")
-    children: list[dict[str, Any]] = json.loads(lines[-1])
+    ended = child.wait()
+    done = ended.last("results")
+    if ended.returncode != 0 or done is None:
+        tail = (ended.stderr_tail.splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"pin-candidate subprocess ended ({ended.how}): {tail}")
+    children: list[dict[str, Any]] = done["rows"]
     return children
+
+
+#: Seconds a pin candidate's subprocess may run in all (its calls keep their own limit inside).
+PIN_CANDIDATE_LIMIT = 1800.0
 
 
 def _child_main(argv: list[str]) -> int:
@@ -1252,7 +1289,7 @@ def _child_main(argv: list[str]) -> int:
         m_limit=spec["m_limit"],
         timeout=spec.get("timeout"),
     )
-    print(json.dumps([asdict(r) for r in out], default=str))
+    child_process.send({"event": "results", "rows": [asdict(r) for r in out]})
     return 0
 
 

@@ -132,6 +132,16 @@ def _num(value: Any, fmt: str = "{:.3g}") -> str:
         return str(value)
 
 
+def _properties() -> tuple[Sequence[str], Any]:
+    """The property names and their judge (:mod:`batchinv.harness.properties`; none without the
+    registry, which imports torch)."""
+    try:
+        from batchinv.harness.properties import PROPERTIES, verdicts
+    except Exception:  # pragma: no cover - as _check_order
+        return (), lambda statuses: {}
+    return tuple(PROPERTIES), verdicts
+
+
 def _check_order() -> tuple[str, ...]:
     try:
         from batchinv.harness.registry import CHECKS
@@ -174,6 +184,7 @@ table { border-collapse: collapse; margin: .5em 0; }
 th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: left; vertical-align: top; }
 th { background: #f3f3f3; }
 td.cell a { color: inherit; text-decoration: none; display: block; }
+.property.yes { background: #c8e6c9; } .property.no { background: #ffcdd2; } .property.unknown { color: #777; }
 .pass { background: #c8e6c9; } .fail { background: #ffcdd2; } .error { background: #ff8a80; }
 .timeout { background: #ffe0b2; } .skip { background: #eeeeee; color: #666; }
 .reference-path { background: #bbdefb; } .na { background: #fff; color: #bbb; }
@@ -332,12 +343,17 @@ def _matrix_section(rows: Sequence[Mapping[str, Any]]) -> str:
     groups = _group(rows)
     if not groups:
         return '<h2 id="matrix">Component x check</h2><p>No check of a subject in this report.</p>'
+    properties, property_verdicts = _properties()
     cols = _columns(groups)
     out = [
         '<h2 id="matrix">Component x check</h2>',
-        '<p class="small">Each cell: the verdict over the cases (failing / judged); click it for its cases and repro lines.</p>',
+        '<p class="small">Each cell: the verdict over the cases (failing / judged); click it for its cases and repro lines. '
+        "The last two columns judge the two properties apart: batch-invariant (every batch-invariance check "
+        "passed) and deterministic at fixed shape (cross_process passed); unknown: not every one of their "
+        "checks ran and passed.</p>",
         '<table id="matrix-table"><tr><th>component</th>'
         + "".join(f"<th>{_e(c)}</th>" for c in cols)
+        + "".join(f'<th class="property">{_e(p)}</th>' for p in properties)
         + "</tr>",
     ]
     for (comp, subject), checks in groups.items():
@@ -353,6 +369,9 @@ def _matrix_section(rows: Sequence[Mapping[str, Any]]) -> str:
                 f'<td class="cell {status.replace(" ", "-")}" data-status="{_e(status)}">'
                 f'<a href="#{_slug(comp, subject, c)}">{_e(_cell_text(found))}</a></td>'
             )
+        verdicts = property_verdicts({c: cell_status(found) for c, found in checks.items()})
+        for name, verdict in verdicts.items():
+            cells.append(f'<td class="property {_e(verdict)}" data-property="{_e(name)}">{_e(verdict)}</td>')
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</table>")
     return "\n".join(out)

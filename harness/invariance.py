@@ -432,6 +432,26 @@ def repeat(
     return result
 
 
+def cross_process(fn: Impl, batch: Batch, others: Callable[[], Mapping[str, Outputs]]) -> DriverResult:
+    """The same case gives this process's bits in other processes: ``fn`` runs ``batch`` here,
+    then ``others()`` gives the outputs other processes computed from the same case, by label
+    (``fresh process PYTHONHASHSEED=1``; called after this process's launch, so processes
+    started before it run beside it), each compared bitwise with this process's over every
+    output (moved to this process's device first).  A differing process is named in ``where``
+    with its first differing (row, col) and both values' bits.
+
+    Raises:
+        ContractViolation: another process gave another number of outputs, dtype or shape.
+    """
+    result = DriverResult(vacuous="no other process computed the case")
+    expected = _call(fn, batch)
+    for label, outputs in others().items():
+        moved = tuple(o.to(e.device) for e, o in zip(expected, outputs, strict=False))
+        moved += tuple(outputs[len(moved) :])  # a count mismatch stays one for compare_outputs
+        result.record(label, compare_outputs(expected, moved, ("this process", label)))
+    return result
+
+
 def sm_partition_counts(sm_count: int) -> tuple[int, ...]:
     """The partition axis (docs/DESIGN.md, "Sweep axes"): 1, 2, 3, SMs, SMs + 1, 2 * SMs + 1
     (deduplicated)."""

@@ -12,7 +12,8 @@ Two profiles, both read from the registry (never a hand list here):
   lane, and every outside ``--as baseline`` subject) runs the same (case, check) pairs as in
   ``full``, the checks it is caught by (``Baseline.caught_by``) first: a control ends at its
   first detection, so any order of the same pairs gives the same verdict; the other
-  baselines (pin candidates, controls not required on the lane) run on the quick cases.  On
+  baselines (pin candidates, controls not required on the lane) run on the quick cases, without
+  ``cross_process`` (its fresh processes cost seconds a case; ``full`` runs it).  On
   GPU lanes ``quick`` is ``full`` (the full GPU sweep takes minutes there).
 
 So the quick profile judges the same (component, check) pairs as the full one and detects the
@@ -31,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from batchinv.harness.lanes import Lane
-from batchinv.harness.registry import CHECKS, INVARIANCE_CHECKS, Baseline, Component
+from batchinv.harness.registry import CHECKS, INVARIANCE_CHECKS, PROCESS_CHECKS, Baseline, Component
 
 #: The sweep profiles; the first is ``batchinv sweep``'s default.
 PROFILES: tuple[str, ...] = ("quick", "full")
@@ -134,11 +135,14 @@ class Selection:
         detection): case by case, every check of the case, as the full profile does; under the
         quick profile a required control first runs the checks it is caught by
         (``Baseline.caught_by``, ``config_equivalence`` for a ``config_control``) over every case,
-        then the rest -- the same pairs in another order, so the same verdict."""
+        then the rest -- the same pairs in another order, so the same verdict; a control not
+        required on the lane leaves out ``cross_process`` there (it runs the quick cases only)."""
         checks = self.control_checks(comp, baseline)
         pairs = [(ch, i) for i in self.control_cases(comp, baseline, lane) for ch in checks]
         if not self.quick_on(lane) or baseline is None or baseline.is_pin_candidate:
             return tuple(pairs)
+        if lane not in baseline.expected_to_vary_on:  # not required here: no fresh processes
+            pairs = [p for p in pairs if p[0] not in PROCESS_CHECKS]
         first = set(baseline.caught_by) | ({"config_equivalence"} if baseline.config_control else set())
         return tuple(sorted(pairs, key=lambda p: p[0] not in first))  # stable: order kept within each
 

@@ -362,8 +362,14 @@ MODE_CHECKS: tuple[str, ...] = ("modes",)
 #: The check of collectives with a tensor-parallel degree (``Component.tp_degrees``): every TP
 #: degree of the same leaves gives the single-rank (TP 1) bits.
 TP_CHECKS: tuple[str, ...] = ("tp_degree",)
-#: Every invariance check, in sweep order.
-INVARIANCE_CHECKS: tuple[str, ...] = (
+#: The check of every component: the same case gives the same bits in a fresh process (another
+#: PYTHONHASHSEED, an empty Triton cache; ``harness/cross_process.py``).  *Deterministic at
+#: fixed shape*, reported apart from batch invariance: a component can have it and not be
+#: batch-invariant, or (an autotuner timed once per process) the reverse.
+PROCESS_CHECKS: tuple[str, ...] = ("cross_process",)
+#: The batch-invariance checks, in sweep order: a row's (request's) bits do not depend on its
+#: batch, position, layout, partition, phase, padding, neighbours, config or mode.
+BATCH_INVARIANCE_CHECKS: tuple[str, ...] = (
     *ROW_CHECKS,
     *REQUEST_CHECKS,
     *PHASE_CHECKS,
@@ -373,6 +379,8 @@ INVARIANCE_CHECKS: tuple[str, ...] = (
     *MODE_CHECKS,
     *TP_CHECKS,
 )
+#: Every invariance check, in sweep order: the batch-invariance checks, then cross_process.
+INVARIANCE_CHECKS: tuple[str, ...] = (*BATCH_INVARIANCE_CHECKS, *PROCESS_CHECKS)
 #: Every check, in sweep order (the column order of the sweep's table and the report).  Each has
 #: exactly one driver in ``harness.checks.DRIVERS``, which names these in this order (checked when
 #: ``harness.checks`` is imported: that module imports this one, never the reverse).
@@ -664,8 +672,8 @@ class Component:
     def applicable_checks(self) -> tuple[str, ...]:
         """The checks that apply to this component (row_start and partition are optional; a
         request-level component has the request checks instead of the row checks; neighbours
-        needs a floating-point dtype in ``dtypes``; ``checks``, when set, narrows them to its
-        members)."""
+        needs a floating-point dtype in ``dtypes``; cross_process, the last, applies to every
+        component; ``checks``, when set, narrows them to its members)."""
         derived = self._derived_checks()
         if self.checks is None:
             return derived
@@ -681,9 +689,10 @@ class Component:
         neighbours = NEIGHBOUR_CHECKS if floating else ()
         if self.requests is not None:
             partition = ("partition",) if self.partition_arg is not None else ()
-            modes = (*modes, *tp)  # tp_degree, the last check
+            modes = (*modes, *tp)  # tp_degree, the last batch-invariance check
             return (
                 "agreement", *REQUEST_CHECKS, *phase, *padding, *partition, "repeat", *neighbours, *configs, *modes,
+                *PROCESS_CHECKS,
             )  # fmt: skip
         skip = set(REQUEST_CHECKS) | set(PHASE_CHECKS) | set(PADDING_CHECKS)
         if self.tp_degrees is None:

@@ -53,6 +53,7 @@ from batchinv.harness.checks import (
     run_checks,
     subject_name,
 )
+from batchinv.harness.cross_process import WORKER_HASH_SEED
 from batchinv.harness.lanes import Lane
 from batchinv.harness.profiles import FULL, Selection
 from batchinv.harness.registry import INVARIANCE_CHECKS, Baseline, Component
@@ -165,6 +166,15 @@ class SweepOutcome:
     profile: str = "full"
     #: the checks selected (``--checks``), None: every applicable check
     checks_selected: tuple[str, ...] | None = None
+    #: each swept component's applicable checks (a property none of whose checks ran is unknown)
+    applicable: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def properties(self) -> dict[tuple[str, str], dict[str, str]]:
+        """Per (component, subject) checked like fast: batch-invariant and deterministic at
+        fixed shape, each ``yes`` / ``no`` / ``unknown`` (:mod:`batchinv.harness.properties`)."""
+        from batchinv.harness.properties import by_subject
+
+        return by_subject(self.checks, self.applicable or None)
 
     @property
     def ok(self) -> bool:
@@ -183,6 +193,10 @@ class SweepOutcome:
             "errors": sum(r.status == "error" for r in self.failures),
             "timeouts": self.timeouts,
             "checks": [vars(c) for c in self.checks],
+            "properties": [
+                {"component": comp, "subject": subject, **found}
+                for (comp, subject), found in self.properties().items()
+            ],
             "controls": [{**vars(c), "is_failure": c.is_failure} for c in self.controls],
             "not_on_lane": [{"component": name, "lanes": list(lanes)} for name, lanes in self.not_on_lane],
         }
@@ -530,11 +544,20 @@ def _execute(
         # Workers are born with SIGINT ignored (an ignored signal stays ignored across exec),
         # so a Ctrl-C in the terminal reaches only this process, which ends them: no worker
         # prints a traceback from the middle of an import.
+        # Workers run at a known hash seed (the environment a spawned interpreter starts with):
+        # their cross_process checks then need one fresh process, at the other seed of the
+        # check's pair (harness/cross_process.py), and a worker's set orders are reproducible.
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        seed = os.environ.get("PYTHONHASHSEED")
+        os.environ["PYTHONHASHSEED"] = str(WORKER_HASH_SEED)
         try:
             proc.start()
         finally:
             signal.signal(signal.SIGINT, previous)
+            if seed is None:
+                os.environ.pop("PYTHONHASHSEED", None)
+            else:
+                os.environ["PYTHONHASHSEED"] = seed
         theirs.close()
         return _Worker(proc, ours)
 
@@ -789,6 +812,7 @@ def run_sweep(
         not_on_lane=not_on_lane(components, lane),
         profile=selection.profile if selection.quick_on(lane) else "full",
         checks_selected=tuple(sorted(selection.checks)) if selection.checks is not None else None,
+        applicable={c.name: c.applicable_checks() for c in comps},
     )
 
 

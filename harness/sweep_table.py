@@ -169,6 +169,7 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
     _line(console, time_line(outcome))
     _line(console, f"report: {report}")
     _line(console, counts_line(outcome))
+    _line(console, properties_line(outcome))
     if outcome.ok:
         console.print("[green]OK[/]")
         return 0
@@ -226,11 +227,38 @@ def counts_line(outcome: SweepOutcome) -> str:
     return text
 
 
+def properties_line(outcome: SweepOutcome) -> str:
+    """``properties: batch-invariant 21/25, deterministic at fixed shape 25/25 (of 25 subjects)``
+    and the subjects that have one property and not the other (:mod:`batchinv.harness.properties`):
+    batch invariance and determinism at fixed shape are judged apart."""
+    from batchinv.harness.properties import BATCH_INVARIANT, DETERMINISTIC, NO, YES, tally
+
+    found = outcome.properties()
+    text = f"properties: {tally(found)} (of {len(found)} subject{'' if len(found) == 1 else 's'})"
+    only = [
+        f"{comp}{'' if subject == 'fast' else f' ({subject})'}"
+        for (comp, subject), v in found.items()
+        if v[DETERMINISTIC] == YES and v[BATCH_INVARIANT] == NO
+    ]
+    if only:
+        text += f"; deterministic at fixed shape but not batch-invariant: {', '.join(only)}"
+    unstable = [
+        f"{comp}{'' if subject == 'fast' else f' ({subject})'}"
+        for (comp, subject), v in found.items()
+        if v[DETERMINISTIC] == NO
+    ]
+    if unstable:
+        text += f"; not deterministic across processes: {', '.join(unstable)}"
+    return text
+
+
 def component_line(name: str, checks: list[CheckSummary], controls: list[ControlSummary], lane: Lane) -> str:
     """One line when a component finishes: its checks' verdicts and its controls' (plain text).
 
     ``mean: agreement pass, batch_prefix pass, ...; controls: triton_rows_heuristic detected
-    (batch_prefix), torch_native inconclusive (not required) [41.2 s]``."""
+    (batch_prefix), torch_native inconclusive (not required) [batch-invariant: yes,
+    deterministic at fixed shape: yes] [41.2 s]`` (a property none of whose checks ran, or only
+    some of them, is ``unknown``)."""
     parts = []
     for c in checks:
         who = "" if c.subject == "fast" else f"{c.subject} "
@@ -249,5 +277,12 @@ def component_line(name: str, checks: list[CheckSummary], controls: list[Control
         words.append(f"{ctrl.baseline} {verdict}")
     if words:
         text += "; controls: " + ", ".join(words)
+    from batchinv.harness.properties import by_subject
+    from batchinv.harness.registry import COMPONENT_MODULES, get
+
+    applicable = {name: get(name).applicable_checks()} if name in COMPONENT_MODULES else None
+    for (_, subject), found in by_subject(checks, applicable).items():
+        who = "" if subject == "fast" else f"{subject}: "
+        text += " [" + who + ", ".join(f"{prop}: {verdict}" for prop, verdict in found.items()) + "]"
     seconds = sum(c.seconds for c in checks) + sum(c.seconds for c in controls)
     return text + f" [{seconds:.1f} s]"

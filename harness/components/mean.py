@@ -34,7 +34,12 @@ from typing import Any
 
 import torch
 
-from batchinv.fast.baselines.mean import torch_mean_unchecked, torch_native_mean, triton_rows_heuristic_mean
+from batchinv.fast.baselines.mean import (
+    autotuned_mean,
+    torch_mean_unchecked,
+    torch_native_mean,
+    triton_rows_heuristic_mean,
+)
 from batchinv.fast.device import arch
 from batchinv.fast.enable import ops
 from batchinv.fast.mean import COMBINE_LOSS, mean_config, reduction_depth
@@ -418,6 +423,19 @@ COMPONENT = Component(
             "column chunk sized from the number of rows (the whole row "
             "when rows < SMs, the table's chunk otherwise): the order of the additions changes with M",
             expected_to_vary_on=ALL_LANES,
+        ),
+        Baseline(
+            "autotune_hash_ties",
+            autotuned_mean,
+            "an autotuner timed once per process: two tiles of equal work and different lane widths "
+            "(fp32 lanes, a float lane sum) tie, and the tie goes to the first name in a set's "
+            "iteration order, which follows PYTHONHASHSEED; every launch in a process takes the "
+            "same config (batch-invariant there), another process may take the other: the "
+            "negative control of cross_process (required on the cpu lane, where the two tiles tie "
+            "by construction; on GPU lanes the timings may not tie)",
+            expected_to_vary_on=frozenset({Lane.CPU}),
+            caught_by=("cross_process",),
+            timed=False,
         ),
     ),
     cases=cases,

@@ -205,5 +205,5 @@ COMPONENT = Component(
     dtypes=(torch.int32,),
     error_cases=error_cases,
     bench_cases=bench_cases,
-    checks=("agreement", "repeat"),
+    checks=("agreement", "repeat", "cross_process"),
 )

@@ -12,7 +12,7 @@ baselines can be; a check would have to impose one reduction of its own on every
 
 The inputs, the reference, the bound and the error inputs are the matmul's (the same ``Batch``
 keys, ``harness/components/matmul.py``): ``fast`` at any degree has the single-rank matmul's
-bits.  Its checks are narrowed to agreement and tp_degree: at its default degree ``tp_linear``
+bits.  Its checks are narrowed to agreement, tp_degree and cross_process: at its default degree ``tp_linear``
 *is* the pinned matmul, whose row checks and repeat (batch_prefix, position, repeat,
 neighbours, config_equivalence, modes) the ``matmul`` component runs; the TP degree is what
 this entry adds (the cpu lane pays seconds per interpreted K = 512 matmul).
@@ -129,5 +129,5 @@ COMPONENT = Component(
     dtypes=(torch.bfloat16, torch.float16, torch.float32),
     error_cases=error_cases,
     tp_degrees=tp_degrees,
-    checks=("agreement", "tp_degree"),
+    checks=("agreement", "tp_degree", "cross_process"),
 )

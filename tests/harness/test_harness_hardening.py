@@ -86,8 +86,8 @@ def test_negative_control_raises_variance_detected_only_for_variance():
         negative_control(comp, "crashes", Lane.CPU)
     assert not isinstance(info.value, VarianceDetected)
     assert (
-        len(negative_control(_toy(baselines=[Baseline("same", _scale, "x")]), "same", Lane.CPU)) == 2 * 4
-    )  # 2 cases x (batch_prefix, position, repeat, neighbours)
+        len(negative_control(_toy(baselines=[Baseline("same", _scale, "x")]), "same", Lane.CPU)) == 2 * 5
+    )  # 2 cases x (batch_prefix, position, repeat, neighbours, cross_process: a skip for the toy)
 
 
 def test_pytest_negative_controls_fail_on_a_crash_and_on_no_variance(tmp_path):
@@ -366,7 +366,8 @@ def test_the_parallel_sweep_runs_every_check_and_gets_the_verdicts():
     cases = len(comp.cases(Lane.CPU))
     assert all(c.cases + c.skipped == cases for c in outcome.checks)
     assert {c.baseline: c.verdict for c in outcome.controls if c.expected_to_vary} == {
-        "triton_rows_heuristic": "detected"
+        "triton_rows_heuristic": "detected",
+        "autotune_hash_ties": "detected",  # by cross_process, from a worker at seed 2 with one child
     }
     with pytest.raises(ValueError, match="registered components only"):
         run_sweep([_toy()], Lane.CPU, jobs=2)
@@ -421,13 +422,15 @@ def _toy_rows(rows: int, **kw):
 def test_checks_that_compare_nothing_are_skipped_not_passed():
     empty = run_sweep([_toy_rows(0)], Lane.CPU, include_baselines=False)
     assert {c.check: c.status for c in empty.checks} == dict.fromkeys(
-        ("agreement", "batch_prefix", "position", "repeat", "neighbours"), "skip"
+        ("agreement", "batch_prefix", "position", "repeat", "neighbours", "cross_process"), "skip"
     )
     one = {c.check: c.status for c in run_sweep([_toy_rows(1)], Lane.CPU, include_baselines=False).checks}
     # batch_prefix cycles the first case's row to 2..8 rows (the row-threshold sweep): it compares
     # neighbours: a one-row case has no other row whose contents could change
+    # cross_process: the toy is not a registered component, so no fresh process can rebuild it
     assert one == {
         "agreement": "pass", "batch_prefix": "pass", "position": "skip", "repeat": "pass", "neighbours": "skip",
+        "cross_process": "skip",
     }  # fmt: skip
     # a one-row case further down the list has no M below its rows: nothing to compare
     comp = _toy_rows(1)

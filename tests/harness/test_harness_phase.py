@@ -193,7 +193,7 @@ def test_the_phase_check_follows_the_request_checks_with_one_driver():
     assert tuple(DRIVERS) == CHECKS
     toy = _toy()
     assert toy.applicable_checks() == (
-        "agreement", "co_batch", "slot", "placement", "phase", "repeat", "neighbours",
+        "agreement", "co_batch", "slot", "placement", "phase", "repeat", "neighbours", "cross_process",
     )  # fmt: skip
     assert "phase" not in dataclasses.replace(toy, phase=None).applicable_checks()
     assert "phase" in get("decode_attention").applicable_checks()

@@ -18,7 +18,7 @@ from batchinv.harness.checks import FAST, run_check
 from batchinv.harness.cli import main
 from batchinv.harness.lanes import Lane
 from batchinv.harness.profiles import FULL, ProfileError, Selection, parse_checks, quick_case_indices
-from batchinv.harness.registry import INVARIANCE_CHECKS, Baseline, Case, components
+from batchinv.harness.registry import INVARIANCE_CHECKS, PROCESS_CHECKS, Baseline, Case, components
 from batchinv.harness.sweep import plan, run_sweep
 from batchinv.harness.sweep_table import LEGEND, component_line, counts_line, print_outcome
 
@@ -56,10 +56,11 @@ def test_quick_profile_judges_every_check_and_runs_every_required_control_as_ful
                 n = sum(ch in first for ch, _ in f)
                 assert {ch for ch, _ in q[:n]} <= first  # the checks it is caught by go first
                 assert [p for p in q if p[0] not in first] == [p for p in f if p[0] not in first]
-            else:
+            else:  # quick leaves cross_process's fresh processes to the required controls
+                cut = set() if b.is_pin_candidate else set(PROCESS_CHECKS)
                 assert {ch for ch, _ in quick[(comp.name, b.name)]} == {
                     ch for ch, _ in full[(comp.name, b.name)]
-                }
+                } - cut
 
 
 def test_a_control_detected_in_full_is_detected_in_quick_whatever_the_order():
@@ -132,12 +133,15 @@ def test_counts_line_component_line_legend_and_80_columns():
             component_line(name, checks, controls, Lane.CPU)
         ),
     )
+    # cross_process is a skip: no fresh process can rebuild an unregistered component's cases
     assert lines == [
-        "toy: agreement pass, batch_prefix fail (2/2), position pass, repeat pass, neighbours pass; controls: varies detected "
-        f"(batch_prefix) [{sum(c.seconds for c in outcome.checks) + outcome.controls[0].seconds:.1f} s]"
+        "toy: agreement pass, batch_prefix fail (2/2), position pass, repeat pass, neighbours pass, "
+        "cross_process skip; controls: varies detected (batch_prefix) "
+        "[batch-invariant: no, deterministic at fixed shape: unknown] "
+        f"[{sum(c.seconds for c in outcome.checks) + outcome.controls[0].seconds:.1f} s]"
     ]
     assert counts_line(outcome) == (
-        "counts: checks 4 passed, 1 failed, 0 skipped, 0 reference path (of 5 component x check); "
+        "counts: checks 4 passed, 1 failed, 1 skipped, 0 reference path (of 6 component x check); "
         "negative controls 1/1 required detected"
     )
     from rich.console import Console
@@ -152,7 +156,10 @@ def test_counts_line_component_line_legend_and_80_columns():
     assert "negative control detected: varies" in flat and "fails on" not in flat
     assert " ".join(LEGEND.split()) in flat
     closing = text.rstrip().splitlines()
-    assert closing[-2].startswith("counts: ") and closing[-1].startswith("FAILED")
+    assert closing[-3].startswith("counts: ") and closing[-1].startswith("FAILED")
+    assert closing[-2] == (
+        "properties: batch-invariant 0/1, deterministic at fixed shape 0/1 (1 unknown) (of 1 subject)"
+    )
 
 
 def test_an_invariance_diff_names_both_launches():

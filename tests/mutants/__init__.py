@@ -24,7 +24,7 @@ from batchinv.harness.registry import Case
 
 from . import all_reduce as all_reduce_mutants
 from . import decode_partition_plan as plan_mutants
-from . import emulated, kernels, missing_cases
+from . import emulated, kernels, missing_cases, process
 from . import prefill_attention as prefill_mutants
 from . import sdpa_attention as sdpa_mutants
 
@@ -97,6 +97,14 @@ MUTANTS: tuple[Mutant, ...] = (
         kernels.softmax_block_from_rows,
         "the launcher halves the column chunk (block_n) when the launch has fewer than 8 rows",
         ("batch_prefix",),
+    ),
+    Mutant(
+        "softmax_tile_by_hash_order",
+        "softmax",
+        process.build_softmax_tile_by_hash_order,
+        "the launcher halves the column chunk when a set of two tile names iterates 'halved' first: "
+        "a tie broken by the hash order, fixed within a process, another in another process",
+        ("cross_process",),
     ),
     Mutant(
         "softmax_split_float_lane_sum",
