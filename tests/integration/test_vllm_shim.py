@@ -114,7 +114,12 @@ def test_the_shim_copies_the_files_and_provides_their_imports(tmp_path):
     )
     proc = subprocess.run(
         [sys.executable, "-c", code],
-        env={"PYTHONPATH": str(out), "TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"},
+        env={
+            "PYTHONPATH": str(out),
+            "TRITON_INTERPRET": "1",
+            "PATH": "/usr/bin:/bin",
+            "CUDA_VISIBLE_DEVICES": "",
+        },
         capture_output=True,
         text=True,
         timeout=120,
@@ -144,6 +149,7 @@ def test_the_shim_imports_without_the_compiled_extension(tmp_path):
             "TRITON_INTERPRET": "1",
             "VLLM_BATCH_INVARIANT": "1",
             "PATH": "/usr/bin:/bin",
+            "CUDA_VISIBLE_DEVICES": "",  # the CPU path the expectations are for, also on a GPU runner
         },
         capture_output=True,
         text=True,
