@@ -39,7 +39,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for
 from typing import Any, TypeAlias
 
-from batchinv.harness import compile_stats
+from batchinv.harness import child_process, compile_stats
 from batchinv.harness.checks import (
     FAST,
     REFERENCE_PATH,
@@ -417,11 +417,6 @@ def default_jobs() -> int:
     return max(1, min(12, os.cpu_count() or 1))
 
 
-def _grace(limit: float) -> float:
-    """How long past a call's limit the parent waits for the worker's own timer before it kills."""
-    return max(2.0, 0.25 * limit)
-
-
 @dataclass
 class _Job:
     """One unit's run in one worker (a unit resumed after a crash is a second job)."""
@@ -490,17 +485,6 @@ def _alone_note(jobs: int) -> str:
     return (
         f"re-run alone: its first run ran out of device memory in the pool of {jobs} workers sharing the GPU"
     )
-
-
-def _signal_name(code: int | None) -> str:
-    if code is None:
-        return "no exit code"
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit status {code}"
 
 
 def _execute(
@@ -662,13 +646,15 @@ def _execute(
                 if dead or not w.proc.is_alive():
                     w.proc.join(5)
                     w.job = None
-                    why = f"the worker process died ({_signal_name(w.proc.exitcode)}){where}; a new worker runs the rest"
+                    why = f"the worker process died ({child_process.describe_exit(w.proc.exitcode)}){where}; a new worker runs the rest"
                     out = lost(slot, job, "error", why)
                     if out is not None:
                         yield out
                     continue
                 overrun = job.call_since is not None and (job.call_limit or limit)
-                if overrun and time.monotonic() - (job.call_since or 0.0) > overrun + _grace(overrun):
+                if overrun and time.monotonic() - (job.call_since or 0.0) > overrun + child_process.grace(
+                    overrun
+                ):
                     w.proc.kill()
                     w.proc.join(5)
                     w.job = None
