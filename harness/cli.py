@@ -289,7 +289,7 @@ def _selection(args: argparse.Namespace) -> Any:
     if args.checks and args.invariance_only:
         raise UsageError("--checks and --invariance-only: give one of them")
     try:
-        checks = parse_checks(args.checks) if args.checks else None
+        checks = parse_checks(args.checks) if args.checks is not None else None
     except ProfileError as exc:
         raise UsageError(str(exc)) from None
     if args.invariance_only:
@@ -320,6 +320,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError("--as: applies to --subject; give one")
     names, subjects = _outside_subjects(args, list(args.components))
     comps = components(names or None)
+    if selection.checks is not None and not any(
+        set(selection.fast_checks(c)) for c in comps if lane in c.lanes
+    ):
+        raise UsageError(
+            f"--checks {','.join(sorted(selection.checks))}: none of them applies to "
+            f"{', '.join(c.name for c in comps)} (`batchinv list` shows each component's checks)"
+        )
     only_outside = bool(args.subject)  # --subject: the named subjects alone
     jobs = _jobs(args, lane)
     report_path = _report_path(args, lane)

@@ -78,9 +78,24 @@ ALLOCATION_STEP = 4608
 CASES_CPU = 1
 #: ... and on GPU lanes (there every kernel is compiled again, into an empty Triton cache).
 CASES_GPU = 2
-#: Seconds a child may spend outside the subject's call: its imports, the case's build, the
-#: outputs' save (the call itself has the check's own limit).
+#: Seconds a child may spend outside the subject's call: its imports (the subject's module
+#: among them), the case's build, the outputs' save (the call itself has the check's own
+#: limit); with a call limit, at most :data:`STARTUP_FLOOR` or four times that limit, whichever
+#: is longer (:func:`startup_limit`), so ``--timeout 5`` bounds a child that hangs in its imports.
 STARTUP_LIMIT = 600.0
+#: The shortest start-up a call limit allows: a fresh interpreter importing torch and triton on a
+#: loaded 2-core machine takes tens of seconds.
+STARTUP_FLOOR = 60.0
+
+
+def startup_limit(call_limit: float | None) -> float:
+    """The child's limit outside the subject's call for a check whose call limit is ``call_limit``
+    (None: no call limit): :data:`STARTUP_LIMIT`, cut to ``max(STARTUP_FLOOR, 4 * call_limit)``."""
+    if call_limit is None:
+        return STARTUP_LIMIT
+    return min(STARTUP_LIMIT, max(STARTUP_FLOOR, 4.0 * call_limit))
+
+
 #: The module a child runs.
 CHILD_MODULE = "batchinv.harness.cross_process"
 
@@ -300,7 +315,9 @@ def start(
             if lane is Lane.CPU:
                 overrides["TRITON_INTERPRET"] = "1"
             env = fresh_environment(**overrides)
-            child = Child(CHILD_MODULE, [str(spec_path)], env, startup_limit=STARTUP_LIMIT, call_limit=limit)
+            child = Child(
+                CHILD_MODULE, [str(spec_path)], env, startup_limit=startup_limit(limit), call_limit=limit
+            )
             children.append((_label(seed), child, outputs))
     except BaseException:
         Children(children, folder).close()

@@ -32,7 +32,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from batchinv.harness.lanes import Lane
-from batchinv.harness.registry import CHECKS, INVARIANCE_CHECKS, PROCESS_CHECKS, Baseline, Component
+from batchinv.harness.neighbours import CPU_TRANSFORM_GROUPS
+from batchinv.harness.registry import (
+    CHECKS,
+    INVARIANCE_CHECKS,
+    NEIGHBOUR_CHECKS,
+    PROCESS_CHECKS,
+    Baseline,
+    Component,
+)
 
 #: The sweep profiles; the first is ``batchinv sweep``'s default.
 PROFILES: tuple[str, ...] = ("quick", "full")
@@ -127,6 +135,21 @@ class Selection:
         if self.quick_on(lane):
             return quick_case_indices(comp, lane)
         return tuple(range(len(comp.cases(lane))))
+
+    def fast_units(self, comp: Component, lane: Lane) -> tuple[tuple[int, tuple[str, ...]], ...]:
+        """``(case index, checks)`` the fast kernel (and an outside subject checked like it) runs:
+        every check on each of :meth:`fast_cases`; under the quick profile also ``neighbours``
+        alone on the rest of the cases its transforms are shared out over on the cpu lane
+        (:data:`~batchinv.harness.neighbours.CPU_TRANSFORM_GROUPS`: one group per case), so every
+        transform runs in the quick profile as in the full one."""
+        checks = self.fast_checks(comp)
+        cases = self.fast_cases(comp, lane)
+        units = [(i, checks) for i in cases]
+        spread = tuple(c for c in checks if c in NEIGHBOUR_CHECKS)
+        if self.quick_on(lane) and spread:
+            total = len(comp.cases(lane))
+            units += [(i, spread) for i in range(min(len(CPU_TRANSFORM_GROUPS), total)) if i not in cases]
+        return tuple(units)
 
     def control_pairs(
         self, comp: Component, baseline: Baseline | None, lane: Lane

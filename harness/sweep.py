@@ -241,14 +241,13 @@ def plan(
     for comp in components:
         if lane not in comp.lanes:
             continue
-        checks = selection.fast_checks(comp)
-        fast_cases = selection.fast_cases(comp, lane)
+        fast_units = selection.fast_units(comp, lane)
         fast_like: list[SubjectLike] = [FAST] if include_fast else []
         controls: list[SubjectLike] = []
         for subj in (subjects or {}).get(comp.name, ()):
             (controls if subj.is_baseline else fast_like).append(subj)
         for subject in fast_like:
-            tasks += [Task(comp, subject, ch, i) for i in fast_cases for ch in checks]
+            tasks += [Task(comp, subject, ch, i) for i, checks in fast_units for ch in checks]
         for b in _baselines(comp, lane) if include_baselines else []:
             tasks += [Task(comp, b.name, ch, i) for ch, i in selection.control_pairs(comp, b, lane)]
         for subject in controls:
@@ -307,8 +306,9 @@ def _units(
         ]
         fast_like: list[SubjectLike] = [FAST] if include_fast else []
         fast_like += [s for s in outside[c.name] if not s.is_baseline]
-        checks = selection.fast_checks(c)
-        units += [Unit(c.name, s, i, checks) for s in fast_like for i in selection.fast_cases(c, lane)]
+        units += [
+            Unit(c.name, s, i, checks) for s in fast_like for i, checks in selection.fast_units(c, lane)
+        ]
     return units
 
 

@@ -332,3 +332,15 @@ def test_the_html_matrix_has_the_check_s_column_and_the_two_properties():
     autotuned, split = page.split("<th>autotuned</th>")[1].split("<th>split_by_m</th>")
     assert 'class="property yes" data-property="batch-invariant"' in autotuned
     assert 'class="property no" data-property="batch-invariant"' in split
+
+
+def test_the_childs_start_up_is_bounded_by_the_call_limit():
+    """A child that hangs in its imports (the subject's module, before any call) ends at
+    ``max(60 s, 4 x --timeout)``, not after the 600 s start-up default (a new user's finding:
+    ``--timeout 5`` waited the full 600 s there); no call limit keeps the default."""
+    from batchinv.harness.cross_process import STARTUP_FLOOR, STARTUP_LIMIT, startup_limit
+
+    assert startup_limit(None) == STARTUP_LIMIT == 600.0
+    assert startup_limit(5.0) == STARTUP_FLOOR == 60.0
+    assert startup_limit(30.0) == 120.0
+    assert startup_limit(300.0) == STARTUP_LIMIT

@@ -156,6 +156,12 @@ def test_cli_rejects_bad_arguments_without_a_traceback():
     assert zero_m.returncode == 2 and "expected an integer >= 1" in zero_m.stderr
     unknown = _cli("sweep", "nonesuch", "--lane", "cpu")
     assert unknown.returncode == 2 and "unknown component" in unknown.stderr
+    # a new user's finding: both ran no check and ended OK
+    empty_checks = _cli("sweep", "mean", "--lane", "cpu", "--checks", "")
+    assert empty_checks.returncode == 2 and "--checks" in empty_checks.stderr, empty_checks.stderr
+    foreign_check = _cli("sweep", "mean", "--lane", "cpu", "--checks", "tp_degree")
+    assert foreign_check.returncode == 2 and "none of them applies to mean" in foreign_check.stderr
+    assert "Traceback" not in empty_checks.stderr + foreign_check.stderr
 
 
 def test_cli_gpu_lane_without_a_gpu_says_so():
