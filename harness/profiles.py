@@ -8,7 +8,8 @@ Two profiles, both read from the registry (never a hand list here):
 * ``quick`` (the default of ``batchinv sweep``): on the cpu lane, the fast kernel (and each
   outside subject checked like it) runs every one of its checks on the cases
   ``Component.quick_cases(lane)`` names (default: the first case, which is also batch_prefix's
-  row-threshold case); every *required* negative control (a baseline that must vary on the
+  row-threshold case; and ``neighbours`` alone on the rest of the first three cases, over
+  which the cpu lane shares its transforms out); every *required* negative control (a baseline that must vary on the
   lane, and every outside ``--as baseline`` subject) runs the same (case, check) pairs as in
   ``full``, the checks it is caught by (``Baseline.caught_by``) first: a control ends at its
   first detection, so any order of the same pairs gives the same verdict; the other
