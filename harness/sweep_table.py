@@ -167,6 +167,9 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
             f"{name}: not run on this lane ({lane.value}); it runs on {', '.join(lanes)} (not a pass, not a failure)",
         )
     _line(console, time_line(outcome))
+    heaviest = compile_line(outcome)
+    if heaviest:
+        _line(console, heaviest)
     _line(console, f"report: {report}")
     _line(console, counts_line(outcome))
     _line(console, properties_line(outcome))
@@ -181,9 +184,19 @@ def print_outcome(console: Any, outcome: SweepOutcome, lane: Lane, env: dict[str
     return 1
 
 
+def compile_line(outcome: SweepOutcome, top: int = 5) -> str:
+    """``compile by kernel: topk_kernel 120.4 s (60), ...``: the ``top`` kernels by compile
+    seconds (distinct compilations in brackets); empty where nothing was compiled."""
+    heaviest = outcome.compile.by_kernel()[:top]
+    if not heaviest:
+        return ""
+    return "compile by kernel: " + ", ".join(f"{name} {sec:.1f} s ({n})" for name, n, sec in heaviest)
+
+
 def time_line(outcome: SweepOutcome) -> str:
     """``total 41.2 s wall (jobs 12); checks 310.5 s summed over workers; compile 95.1 s in 131
-    compilations (31% of check time)``."""
+    compilations (31% of check time; 40 cache hits); 12 of them (9.3 s) compiled a kernel another
+    worker had compiled`` (the last clause only where some were)."""
     text = (
         f"total {outcome.wall_seconds:.1f} s wall (jobs {outcome.jobs}); "
         f"checks {outcome.check_seconds:.1f} s summed over workers; "
@@ -192,10 +205,16 @@ def time_line(outcome: SweepOutcome) -> str:
     if not stats.available:
         return text + "compile share: n/a (no Triton compilation on this lane, or no compile listener)"
     share = 100.0 * stats.seconds / outcome.check_seconds if outcome.check_seconds else 0.0
-    return text + (
+    text += (
         f"compile {stats.seconds:.1f} s in {stats.compilations} compilations "
         f"({share:.0f}% of check time; {stats.cache_hits} cache hits)"
     )
+    if stats.repeated:
+        text += (
+            f"; {stats.repeated} of them ({stats.repeated_seconds:.1f} s) compiled a kernel another "
+            "worker had compiled"
+        )
+    return text
 
 
 def counts_line(outcome: SweepOutcome) -> str:

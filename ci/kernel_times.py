@@ -1,0 +1,166 @@
+"""Where a few-microsecond point's time goes (GPU lanes): each implementation's CUDA kernels
+and their device time per call, from ``torch.profiler``, beside the CUDA-graph replay time of
+``batchinv.harness.bench.time_call``.  For the misses of issue 26 whose reason is latency (one
+program's dependent chain, a second kernel, a launch): the kernels say which.
+
+    python ci/kernel_times.py OUT_DIR   # writes OUT_DIR/kernel_times.{txt,json}
+
+Points: the IEEE fp32 router 256x4096 at M = 1 and 8 (cuBLAS fp32, TF32 off), topk fp32 8192
+columns k 512 / 2048 at 1 and 64 rows (torch.topk), log_softmax bf16 32000 at 16 and 64 rows,
+mean bf16 4096 and 151936 columns at 1 row, rms_norm bf16 7168 at 1024 rows, fp8_gemm
+per-tensor 4096^2 at M = 1 (torch._scaled_mm), matmul bf16 4096x2048 at M = 1 (cuBLAS).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from batchinv.harness.bench import time_call
+
+CALLS = 20
+DEVICE = "cuda"
+
+
+def _randn(*shape: int, dtype: torch.dtype = torch.bfloat16, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, device=DEVICE) * scale).to(dtype)
+
+
+def _points() -> list[tuple[str, dict[str, Callable[[], Any]]]]:
+    from batchinv.fast.fp8_gemm import fp8_gemm
+    from batchinv.fast.matmul import matmul
+    from batchinv.fast.mean import mean
+    from batchinv.fast.rms_norm import rms_norm
+    from batchinv.fast.softmax import log_softmax
+    from batchinv.fast.topk import topk
+
+    points: list[tuple[str, dict[str, Callable[[], Any]]]] = []
+    w32 = _randn(256, 4096, dtype=torch.float32, scale=0.02)
+    for m in (1, 8):
+        x = _randn(m, 4096, dtype=torch.float32)
+        points.append(
+            (
+                f"router fp32 256x4096 M={m}",
+                {"batchinv": lambda x=x: matmul(x, w32), "cublas": lambda x=x: F.linear(x, w32)},
+            )
+        )
+    for rows in (1, 64):
+        for k in (512, 2048):
+            sc = _randn(rows, 8192, dtype=torch.float32)
+            st = torch.zeros(rows, dtype=torch.int32, device=DEVICE)
+            en = torch.full((rows,), 8192, dtype=torch.int32, device=DEVICE)
+            points.append(
+                (
+                    f"topk 8192 k={k} rows={rows}",
+                    {
+                        "batchinv": lambda sc=sc, st=st, en=en, k=k: topk(sc, st, en, k),
+                        "torch.topk": lambda sc=sc, k=k: torch.topk(sc, k, dim=-1),
+                    },
+                )
+            )
+    for rows in (16, 64):
+        x = _randn(rows, 32000, scale=2.0)
+        points.append(
+            (
+                f"log_softmax bf16 32000 rows={rows}",
+                {"batchinv": lambda x=x: log_softmax(x, -1), "torch": lambda x=x: torch.log_softmax(x, -1)},
+            )
+        )
+    for cols in (4096, 151936):
+        x = _randn(1, cols)
+        points.append(
+            (
+                f"mean bf16 {cols} rows=1",
+                {"batchinv": lambda x=x: mean(x, -1), "torch": lambda x=x: torch.mean(x, -1)},
+            )
+        )
+    x = _randn(1024, 7168)
+    wn = _randn(7168)
+    points.append(
+        (
+            "rms_norm bf16 7168 rows=1024",
+            {"batchinv": lambda: rms_norm(x, wn, 1e-6), "torch": lambda: F.rms_norm(x, (7168,), wn, 1e-6)},
+        )
+    )
+    a = _randn(1, 4096).to(torch.float8_e4m3fn)
+    b = _randn(4096, 4096, scale=0.05).to(torch.float8_e4m3fn)
+    sa = torch.full((1,), 0.5, device=DEVICE)
+    sb = torch.full((1,), 0.25, device=DEVICE)
+    points.append(
+        (
+            "fp8_gemm per-tensor 4096^2 M=1",
+            {
+                "batchinv": lambda: fp8_gemm(a, b, sa, sb, scale_layout="tensor"),
+                "torch._scaled_mm": lambda: torch._scaled_mm(
+                    a, b.t(), sa.reshape(()), sb.reshape(()), out_dtype=torch.bfloat16
+                ),
+            },
+        )
+    )
+    wb = _randn(4096, 2048, scale=0.02)
+    xb = _randn(1, 2048)
+    points.append(
+        (
+            "matmul bf16 4096x2048 M=1",
+            {"batchinv": lambda: matmul(xb, wb), "cublas": lambda: F.linear(xb, wb)},
+        )
+    )
+    return points
+
+
+def _kernels(fn: Callable[[], Any]) -> list[tuple[str, float]]:
+    """(kernel name, device us per call) of ``fn``, from the profiler."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(CALLS):
+            fn()
+        torch.cuda.synchronize()
+    found: list[tuple[str, float]] = []
+    for avg in prof.key_averages():
+        us = getattr(avg, "self_device_time_total", None)
+        if us is None:
+            us = getattr(avg, "self_cuda_time_total", 0.0)
+        if us and avg.count:
+            found.append((avg.key, us / CALLS))
+    return sorted(found, key=lambda kv: -kv[1])
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__)
+        return 2
+    out = Path(argv[0])
+    out.mkdir(parents=True, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    lines = [f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}"]
+    rows: list[dict[str, Any]] = []
+    for name, impls in _points():
+        lines.append(f"\n{name}")
+        for impl, fn in impls.items():
+            try:
+                replay_us, mode = time_call(fn, 30)
+                kernels = _kernels(fn)
+            except Exception as exc:  # report and go on
+                lines.append(f"  {impl}: error {type(exc).__name__}: {str(exc).splitlines()[0]}")
+                continue
+            total = sum(us for _, us in kernels)
+            lines.append(f"  {impl}: replay {replay_us:.2f} us ({mode}); kernels {total:.2f} us")
+            lines += [f"    {us:7.2f} us  {kernel[:110]}" for kernel, us in kernels]
+            rows.append({"point": name, "impl": impl, "replay_us": replay_us, "kernels": kernels})
+    text = "\n".join(lines)
+    print(text)
+    (out / "kernel_times.txt").write_text(text + "\n")
+    (out / "kernel_times.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
