@@ -29,13 +29,19 @@ NEG_INF_KEY = tl.constexpr(-2139095041)  # key of -inf: 0xff800000 ^ 0x7fffffff
 @triton.jit
 def _kth_key(key, candidate, num_wanted):
     """The largest int32 ``t`` with ``count(candidate & key >= t) >= num_wanted``, found bit by
-    bit from the most significant (32 steps).  Needs ``num_wanted <= count(candidate)``."""
+    bit from the most significant (32 steps).  Needs ``num_wanted <= count(candidate)``.
+
+    A loop, not unrolled: 32 unrolled copies of the block-wide count made this kernel ~3.3 s
+    to compile, and a GPU sweep compiles it per (k, BLOCK_N, specialization): 457 s of a cold
+    sweep's 1047 s of compiling (H200 run 61).  The steps are the same either way."""
     thresh = tl.full((), KEY_MIN, tl.int64)
-    for bit in tl.static_range(31, -1, -1):
+    bit = tl.full((), 31, tl.int64)  # a tensor on the GPU and in the interpreter alike
+    for _ in range(32):
         trial = thresh + (tl.full((), 1, tl.int64) << bit)  # <= 2**31 - 1: fits int32
         above = candidate & (key >= trial.to(tl.int32))
         count = tl.sum(above.to(tl.int32), axis=0)
         thresh = tl.where(count >= num_wanted, trial, thresh)
+        bit -= 1
     return thresh.to(tl.int32)
 
 
@@ -76,9 +82,14 @@ def _load_window(row_starts_ptr, row_ends_ptr, row, num_cols, stride_starts, str
 # The row stride stays specialized: its divisibility by 16 lets the loads of a row vectorize
 # (leaving it out cost 34% on the H200, 20.6 -> 27.6 us at 1 x 8192).
 _NOT_SPECIALIZED = ["num_cols", "stride_starts", "stride_ends", "stride_out_row"]
+# Nor the alignment of the pointers whose accesses are one scalar per program (the row bounds)
+# or a scatter (the output): the row_start sweep shifts every one of them, and each aligned /
+# unaligned combination was another compile (137 of topk_kernel in a cold GPU sweep, run 61).
+# The scores keep theirs (it vectorizes the row's loads).
+_NOT_ALIGNED = ["row_starts_ptr", "row_ends_ptr", "out_ptr"]
 
 
-@triton.jit(do_not_specialize=_NOT_SPECIALIZED)
+@triton.jit(do_not_specialize=_NOT_SPECIALIZED, do_not_specialize_on_alignment=_NOT_ALIGNED)
 def topk_kernel(
     scores_ptr,
     row_starts_ptr,
@@ -106,7 +117,7 @@ def topk_kernel(
     _emit(out_ptr + row * stride_out_row, take, cols - start, K)
 
 
-@triton.jit(do_not_specialize=_NOT_SPECIALIZED)
+@triton.jit(do_not_specialize=_NOT_SPECIALIZED, do_not_specialize_on_alignment=_NOT_ALIGNED)
 def topk_masked_lanes_compete_kernel(
     scores_ptr,
     row_starts_ptr,
@@ -185,7 +196,7 @@ def _kth_key_by_sign(key, num_wanted, half_shift, BLOCK_N: tl.constexpr):
 _SIGN_NOT_SPECIALIZED = [*_NOT_SPECIALIZED, "k", "half_shift"]
 
 
-@triton.jit(do_not_specialize=_SIGN_NOT_SPECIALIZED)
+@triton.jit(do_not_specialize=_SIGN_NOT_SPECIALIZED, do_not_specialize_on_alignment=_NOT_ALIGNED)
 def topk_sign_count_kernel(
     scores_ptr,
     row_starts_ptr,

@@ -579,3 +579,29 @@ def test_expanded_or_oversized_operands_read_through_pointers():
         launcher._descriptors(expanded.contiguous(), w, "linear", plan(20, 32, 64, BF16, device, config=wide))
         is None
     )
+
+
+@any_lane
+@pytest.mark.parametrize("num_chunks", [3, 4, 8, 10])
+def test_split_chunk_sums_are_added_one_by_one_in_chunk_order(num_chunks):
+    """The split execution's second kernel adds the chunk sums ``((0 + c0) + c1) + ...`` in chunk
+    order, however many it loads at a time (it loads four before adding them), and so does the
+    walk.  Chunk sums chosen so every other grouping rounds differently: 2**24, 1, 1, -2**24,
+    then 1s.  By hand, in fp32: 2**24 + 1 rounds to 2**24 (ties to even) twice, minus 2**24 is 0,
+    then each 1 adds exactly: ``num_chunks - 4`` (3 chunks: 2**24).  Pairing the first four
+    instead gives (2**24 + 1) + (1 - 2**24) = 2**24 - (2**24 - 1) = 1, one more."""
+    from batchinv.fast.device import arch
+    from batchinv.fast.matmul_config import Execution, MatmulConfig, reduction_tree
+
+    tree = reduction_tree(arch(DEVICE), F32, 32, 1)  # the arch's fp32 tree; K sized from its chunk
+    k = num_chunks * tree.chunk_k
+    chunk_sums = [2.0**24, 1.0, 1.0, -(2.0**24)] + [1.0] * (num_chunks - 4)
+    x = torch.zeros(2, k, dtype=F32)
+    for c, value in enumerate(chunk_sums[:num_chunks]):
+        x[:, c * tree.chunk_k] = value  # one nonzero product per chunk: the chunk's sum, exactly
+    w = torch.ones(32, k, dtype=F32)
+    expected = 2.0**24 if num_chunks == 3 else float(num_chunks - 4)
+    real_tree = reduction_tree(arch(DEVICE), F32, 32, k)
+    for execution in (Execution(16, 16, split_k=True), Execution(16, 16)):
+        out = matmul(x.to(DEVICE), w.to(DEVICE), config=MatmulConfig(real_tree, execution))
+        assert torch.equal(out.cpu(), torch.full((2, 32), expected)), (execution.name, out[0, 0].item())
