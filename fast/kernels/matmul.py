@@ -331,10 +331,6 @@ def chunked_matmul_kernel(
             )
 
 
-#: Chunk sums :func:`chunk_sum_kernel` loads before adding them (it unrolls by exactly four).
-CHUNKS_IN_FLIGHT = tl.constexpr(4)
-
-
 @triton.jit(do_not_specialize=["M", "num_chunks"])
 def chunk_sum_kernel(
     ws_ptr,
@@ -364,22 +360,7 @@ def chunk_sum_kernel(
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     ws_ptrs = ws_ptr + (offs_m.to(tl.int64)[:, None] * stride_ws_m + offs_n.to(tl.int64)[None, :])
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # Four chunks' loads in flight, then their four adds in chunk order (the sum is the same
-    # sequence of fp32 additions; only the loads are issued earlier).  One load, add, load ...
-    # chain paid an L2 round trip per chunk: 4.4 us of the IEEE fp32 router's 13 at M = 1 and
-    # 16 chunks (H200 run 61, ci/kernel_times.py).
-    grouped = num_chunks - num_chunks % CHUNKS_IN_FLIGHT
-    for _ in range(0, grouped, CHUNKS_IN_FLIGHT):
-        first = tl.load(ws_ptrs, mask=mask, other=0.0)
-        second = tl.load(ws_ptrs + stride_ws_s, mask=mask, other=0.0)
-        third = tl.load(ws_ptrs + 2 * stride_ws_s, mask=mask, other=0.0)
-        fourth = tl.load(ws_ptrs + 3 * stride_ws_s, mask=mask, other=0.0)
-        total += first
-        total += second
-        total += third
-        total += fourth
-        ws_ptrs += CHUNKS_IN_FLIGHT * stride_ws_s
-    for _ in range(grouped, num_chunks):
+    for _ in range(0, num_chunks):
         total += tl.load(ws_ptrs, mask=mask, other=0.0)
         ws_ptrs += stride_ws_s
     _store_total(

@@ -585,8 +585,8 @@ def test_expanded_or_oversized_operands_read_through_pointers():
 @pytest.mark.parametrize("num_chunks", [3, 4, 8, 10])
 def test_split_chunk_sums_are_added_one_by_one_in_chunk_order(num_chunks):
     """The split execution's second kernel adds the chunk sums ``((0 + c0) + c1) + ...`` in chunk
-    order, however many it loads at a time (it loads four before adding them), and so does the
-    walk.  Chunk sums chosen so every other grouping rounds differently: 2**24, 1, 1, -2**24,
+    order, and so does the walk (a kernel that loads several chunks before adding them must keep
+    that order).  Chunk sums chosen so every other grouping rounds differently: 2**24, 1, 1, -2**24,
     then 1s.  By hand, in fp32: 2**24 + 1 rounds to 2**24 (ties to even) twice, minus 2**24 is 0,
     then each 1 adds exactly: ``num_chunks - 4`` (3 chunks: 2**24).  Pairing the first four
     instead gives (2**24 + 1) + (1 - 2**24) = 2**24 - (2**24 - 1) = 1, one more."""
