@@ -3,6 +3,7 @@
     python ci/tune_matmul.py OUTDIR        # this round's jobs; table on stdout, OUTDIR/tune_matmul.json
     TUNE_SHAPES=256x4096:float32 python ci/tune_matmul.py OUTDIR    # only the shapes named
     TUNE_SMOKE=1 python ci/tune_matmul.py OUTDIR    # cpu lane: the plumbing, tiny shapes (ci/tuning.py)
+    TUNE_ROUND=6 python ci/tune_matmul.py OUTDIR    # the IEEE fp32 router's few-row splits
 
 A *job* is one shape (N, K, dtype) with its M values, its candidate trees and its candidate
 executions.  For each job it times, against the issue's comparator in the same run (cuBLAS
@@ -194,6 +195,22 @@ ROUND = (
         for n, k in ((4096, 4096), (14336, 4096), (4096, 14336))
     ),
 )  # fmt: skip
+#: Round 6 (``TUNE_ROUND=6``; issue 26: the IEEE fp32 router at 4.19x cuBLAS at M = 1): split
+#: executions of 1-8 rows (Triton 3.6's dot accepts them; 16-row tiles multiply 15 padding rows
+#: at M = 1), against the shipped 16-row ones, at M = 1..32.  The tree is the table's.
+FP32_DECODE_SPLITS = [
+    E(16, 32, num_warps=2, num_stages=3, split_k=True),
+    E(16, 16, num_warps=1, num_stages=3, split_k=True),
+    *(E(1, bn, num_warps=w, num_stages=3, split_k=True)
+      for bn, w in ((16, 1), (32, 1), (64, 1), (64, 2), (128, 2), (128, 4), (256, 4))),
+    E(1, 64, num_warps=2, num_stages=4, split_k=True),
+    E(1, 128, num_warps=4, num_stages=4, split_k=True),
+    *(E(bm, bn, num_warps=w, num_stages=3, split_k=True)
+      for bm in (2, 4, 8) for bn, w in ((32, 1), (64, 2), (128, 4))),
+]  # fmt: skip
+ROUND6 = tuple(
+    Job(256, k, F32, F32, (), tuple(FP32_DECODE_SPLITS), (), (1, 2, 4, 8, 16, 32), ()) for k in (4096, 7168)
+)
 #: TUNE_SMOKE=1: one tiny shape under the interpreter (its tree: chunks of 64 in K steps of 32,
 #: K = 160: a short last chunk), the neighbours' chunk lengths, two splits and two walks.
 SMOKE_JOB = Job(
@@ -217,6 +234,8 @@ def jobs(only: str | None) -> list[Job]:
     """The round's jobs, or (``TUNE_SHAPES``) the named shapes' (round 5's job where it has one)."""
     if SMOKE:
         return [SMOKE_JOB]
+    if os.environ.get("TUNE_ROUND") == "6":
+        return list(ROUND6)
     if not only:
         return list(ROUND)
     names = only.split(",")

@@ -390,7 +390,7 @@ def _launch(
             enable_fp_fusion=scales is None,
         )
         if ex.split_k:
-            sum_m, sum_n = SUM_TILE
+            sum_m, sum_n = min(ex.block_m, SUM_TILE[0]), SUM_TILE[1]
             chunk_sum_kernel[(-(m // -sum_m), -(n // -sum_n))](
                 ws,
                 bias if bias is not None else out,
@@ -411,7 +411,8 @@ def _launch(
             )
 
 
-#: The chunk-sum kernel's tile (elementwise: any tile gives the same bits).
+#: The chunk-sum kernel's tile (elementwise: any tile gives the same bits); a split execution of
+#: fewer rows sums tiles of its own row count (no masked rows at M = 1).
 SUM_TILE = (16, 128)
 
 

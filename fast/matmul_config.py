@@ -93,7 +93,9 @@ class Execution:
     """Who computes the tree: tile, visiting order, warps, stages, and split-K across the grid.
 
     Attributes:
-        block_m, block_n: output tile (powers of two >= 16).
+        block_m, block_n: output tile (powers of two; ``block_n >= 16``; ``block_m >= 1``:
+            Triton 3.6 accepts dots of fewer than 16 rows, which the IEEE fp32 (FMA) dot computes
+            without the padding rows a 16-row tile multiplies at M = 1).
         group_m: row tiles visited together (L2 reuse of the weight); visiting order only.
         num_warps, num_stages: Triton launch options.
         split_k: each chunk of a tile in its own program (fp32 workspace, chunk sums added in
@@ -118,7 +120,7 @@ class Execution:
     programs_per_sm: int = 1
 
     def __post_init__(self) -> None:
-        check_power_of_two("block_m", self.block_m, 16)
+        check_power_of_two("block_m", self.block_m, 1)
         check_power_of_two("block_n", self.block_n, 16)
         for name in ("group_m", "num_warps", "num_stages", "programs_per_sm"):
             check_positive_int(name, getattr(self, name))
@@ -329,6 +331,15 @@ def W(block_m: int, block_n: int, num_warps: int, num_stages: int, programs_per_
 EXECUTION_TABLE: tuple[ExecutionRule, ...] = (
     # --- interpreter: split at small M, walk above, so the cpu lane's M sweep crosses both ---
     ExecutionRule(
+        "interp",
+        FP32,
+        None,
+        2,
+        E(2, 32, group_m=2, split_k=True),
+        "cpu lane, fp32: two-row split tiles at M <= 2 (as sm90's few-row IEEE router splits), so "
+        "config_equivalence proves a tile of fewer than 16 rows and its chunk sum on the cpu lane",
+    ),
+    ExecutionRule(
         "interp", ALL, None, 16, E(16, 64, group_m=2, split_k=True), "cpu lane: split-K at M <= 16"
     ),
     ExecutionRule("interp", FP8, None, 16, E(16, 64, group_m=2), "cpu lane, FP8: walks only (no split-K)"),
@@ -363,7 +374,32 @@ EXECUTION_TABLE: tuple[ExecutionRule, ...] = (
     ),
     ExecutionRule("sm90", HALF, None, 512, W(128, 256, 8, 4), "walk, wide N"),
     ExecutionRule("sm90", HALF, None, None, W(128, 256, 8, 3), "prefill walk"),
-    # --- sm90, IEEE fp32 (FMA dots) ---
+    # --- sm90, IEEE fp32 (FMA dots).  Router N: tiles of 1-4 rows at M <= 8 (tuning run 64,
+    # ci/tune_matmul.py round 6: a 16-row tile computes 15 padding rows at M = 1) ---
+    ExecutionRule(
+        "sm90",
+        FP32,
+        512,
+        1,
+        E(1, 64, num_warps=2, num_stages=3, split_k=True),
+        "fp32 router M = 1: one-row tiles (run 64: 7.3 / 8.2 us at K 4096 / 7168, 16 rows: 14.2 / 20.3)",
+    ),
+    ExecutionRule(
+        "sm90",
+        FP32,
+        512,
+        4,
+        E(2, 32, num_warps=1, num_stages=3, split_k=True),
+        "fp32 router M <= 4: two-row tiles (run 64: 7.6-7.9 / 8.8-11.6 us, 16 rows: 14.1 / 20.5)",
+    ),
+    ExecutionRule(
+        "sm90",
+        FP32,
+        512,
+        8,
+        E(4, 64, num_warps=2, num_stages=3, split_k=True),
+        "fp32 router M <= 8: four-row tiles (run 64: 10.2 / 15.1 us, 16 rows: 14.8 / 21.7)",
+    ),
     ExecutionRule("sm90", FP32, None, 32, E(16, 32, num_warps=2, num_stages=3, split_k=True), "fp32 decode"),
     ExecutionRule("sm90", FP32, None, 64, E(32, 64, num_warps=4, num_stages=3, split_k=True), "fp32"),
     ExecutionRule("sm90", FP32, 512, 256, E(64, 64, num_warps=4, num_stages=3, split_k=True), "fp32 router"),

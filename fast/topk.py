@@ -48,6 +48,7 @@ __all__ = [
     "ROW_BUCKET_TABLE",
     "ROW_CONFIGS",
     "SM90_8192_BY_ROW_BUCKET",
+    "SM90_8192_SMALL_ROWS_KERNEL",
     "SMALL_ROWS",
     "TUNED_NUM_COLS_BUCKET",
     "Execution",
@@ -119,13 +120,23 @@ class Execution:
         )
 
 
+#: The kernel of sm90's launches of at most :data:`SMALL_ROWS` rows at the tuned num_cols
+#: bucket (8 warps, no register cap): ``ci/tune_topk_rows.py`` on the H200, run 64 (2026-12-04):
+#: "sign" 11.2-14.4 us at 1-64 rows for k 512/1024/2048, "compare" 20.4-20.8 (torch.topk 57-68).
+#: Every other (arch, bucket) keeps "compare" (not measured).
+SM90_8192_SMALL_ROWS_KERNEL: Final[str] = "sign"
+
+
 def _table() -> dict[tuple[str, int, int], TopkConfig]:
     table: dict[tuple[str, int, int], TopkConfig] = {}
     for arch_key in ("sm90", "sm100", "interp", "generic"):
         for k in ENVELOPE_K:
             for bucket in NUM_COLS_BUCKETS:
+                tuned = arch_key == "sm90" and bucket == TUNED_NUM_COLS_BUCKET
                 table[(arch_key, k, bucket)] = TopkConfig(
-                    block_n=bucket, num_warps=4 if bucket <= 2048 else 8
+                    block_n=bucket,
+                    num_warps=4 if bucket <= 2048 else 8,
+                    kernel=SM90_8192_SMALL_ROWS_KERNEL if tuned else "compare",
                 )
     return table
 

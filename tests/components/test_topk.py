@@ -481,14 +481,16 @@ def test_fallback_dispatch(device, recorder, num_cols, k, launched):
 @any_lane
 def test_small_launches_keep_the_pinned_config():
     """Up to SMALL_ROWS rows the config is the one table keyed on (arch, k, num_cols bucket),
-    unchanged: a power-of-two register tile, 4 warps up to 2048 columns and 8 above, the
-    "compare" kernel, no register cap (the <= 64-row path runs at ~20 us on the H200)."""
+    unchanged: a power-of-two register tile, 4 warps up to 2048 columns and 8 above, no
+    register cap, the "compare" kernel except sm90's tuned bucket, which takes the "sign" kernel
+    (11-14 us at 1-64 rows on the H200 against compare's ~20, run 64)."""
     assert isinstance(CONFIGS, MappingProxyType) and isinstance(ROW_CONFIGS, MappingProxyType)
     for key, config in CONFIGS.items():
         arch_key, k, bucket = key
         assert isinstance(arch_key, str) and k in ENVELOPE_K and bucket in NUM_COLS_BUCKETS
-        assert config == TopkConfig(block_n=bucket, num_warps=4 if bucket <= 2048 else 8)
-        assert (config.kernel, config.maxnreg) == ("compare", None)
+        kernel = "sign" if (arch_key, bucket) == ("sm90", TUNED_NUM_COLS_BUCKET) else "compare"
+        assert config == TopkConfig(block_n=bucket, num_warps=4 if bucket <= 2048 else 8, kernel=kernel)
+        assert config.maxnreg is None
     for arch_key in ("sm90", "sm100", "interp", "sm120"):
         for k in ENVELOPE_K:
             for num_cols in (0, 1, 511, 512, 513, 2049, 4096, 8191, MAX_NUM_COLS):
