@@ -148,10 +148,14 @@ def test_the_report_row_carries_the_launches_by_sweep_point():
     assert r.status == "pass", r.detail
     rows = json.loads(r.to_json())["launches"]
     main = [row for row in rows if row.get("kernel") == "chunked_matmul_kernel"]
-    by_split = {row["constexprs"]["SPLIT_K"]: row for row in main}
-    assert set(by_split) == {True, False}, rows
-    assert "M=1" in by_split[True]["at"] and by_split[True]["execution"].endswith("split")
-    assert any(label.startswith("M=17") or "rows" in label for label in by_split[False]["at"])
+    split = [row for row in main if row["constexprs"]["SPLIT_K"]]
+    walk = [row for row in main if not row["constexprs"]["SPLIT_K"]]
+    assert split and walk, rows
+    # fp32 on the cpu lane: two-row split tiles at M <= 2, 16-row ones to M = 16, a walk above
+    assert all(row["execution"].endswith("split") for row in split), split
+    assert "M=1" in split[0]["at"] and split[0]["constexprs"]["BLOCK_M"] == 2, split
+    assert any("M=16" in row["at"] for row in split[1:]), split
+    assert any(label.startswith("M=17") or "rows" in label for row in walk for label in row["at"])
 
 
 def test_agreement_names_what_fast_ran():
