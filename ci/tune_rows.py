@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,11 @@ MEAN_POINTS = [
     (torch.bfloat16, 2560),
     (torch.bfloat16, 8192),
     (torch.float32, 8192),
+    (torch.bfloat16, 151936),
 ]
+#: Pipeline depths tried on the shipped tile of every point (``RowConfig.num_stages``: the same
+#: tree, so the same bits; issue 26: mean's one-row latency is its chunks' loads in sequence).
+MEAN_STAGES = (2, 3, 4, 6)
 MEAN_TILES = [
     RowConfig(1, 8192, 16),
     RowConfig(1, 4096, 16),
@@ -101,7 +106,9 @@ def _mean_point(out: list[dict], dtype: torch.dtype, n: int, rows: int) -> None:
     out.append(_row("mean", dtype, n, rows, "torch.mean", _time(lambda: torch.mean(x, dim=-1)), None))
     us = _time(lambda: fast_mean.launch(x, dtype, False))
     out.append(_row("mean", dtype, n, rows, f"shipped {shipped_cfg}", us, True))
-    for cfg in MEAN_TILES:
+    staged = [replace(shipped_cfg, num_stages=st) for st in MEAN_STAGES]
+    staged += [replace(shipped_cfg, num_warps=w, num_stages=st) for w in (8, 16) for st in (1, 3)]
+    for cfg in [*staged, *MEAN_TILES]:
         if cfg == shipped_cfg:
             continue
         same = bool(torch.equal(_bits(fast_mean.launch(x, dtype, False, config=cfg)), _bits(shipped)))

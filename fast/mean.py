@@ -109,6 +109,7 @@ def launch(
             BLOCK_M=config.block_m,
             BLOCK_N=config.block_n,
             FIXED_POINT=fixed_point,
+            STAGES=config.num_stages,
             num_warps=config.num_warps,
         )
     return y

@@ -10,7 +10,7 @@ from typing import Final
 
 import torch
 
-from batchinv.fast.execution import check_power_of_two
+from batchinv.fast.execution import check_positive_int, check_power_of_two
 
 
 @dataclass(frozen=True)
@@ -24,18 +24,23 @@ class RowConfig:
             are combined on a fixed-point grid (``fixed_point_lane_sum``: integer adds, the same
             bits in any order).
         num_warps: warps per program.
+        num_stages: software-pipeline depth of the chunk loop (mean only; 1: no pipelining).
+            Loads of the next ``num_stages - 1`` chunks are issued before the current chunk is
+            added; each lane still adds its chunks in order, so it never changes a bit.
 
         Only ``block_n`` enters a row's arithmetic (rows of a tile never meet, and the lane
-        combine does not depend on the register layout); all three are pinned anyway.
+        combine does not depend on the register layout); all of them are pinned anyway.
     """
 
     block_m: int
     block_n: int
     num_warps: int
+    num_stages: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "num_warps"):
             check_power_of_two(name, getattr(self, name))
+        check_positive_int("num_stages", self.num_stages)
 
 
 @dataclass(frozen=True)

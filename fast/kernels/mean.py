@@ -21,6 +21,16 @@ import triton.language as tl
 from batchinv.fast.kernels.primitives import fixed_point_lane_sum_f64, round_from_f64, round_to, widen_f32
 
 
+@triton.jit
+def _add_chunk(acc, p, mask, OUT_DTYPE: tl.constexpr):
+    """``acc`` plus one chunk's elements (each lane its own), each rounded to ``OUT_DTYPE`` and
+    widened exactly.  Through fp32 first: bf16 -> fp32 is exact, so the one rounding to the
+    output dtype is the direct conversion's (and Triton's interpreter has no direct bf16 -> fp16
+    path); the widening to the accumulator's dtype is exact."""
+    x = tl.load(p, mask=mask, other=0.0)
+    return acc + widen_f32(round_to(widen_f32(x), OUT_DTYPE)).to(acc.dtype)
+
+
 # num_rows is never specialized: Triton would otherwise compile a variant for num_rows == 1 and
 # for num_rows % 16 == 0, i.e. pick code by the batch size.
 @triton.jit(do_not_specialize=["num_rows"])
@@ -34,6 +44,7 @@ def mean_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     FIXED_POINT: tl.constexpr = True,
+    STAGES: tl.constexpr = 1,
 ):
     """y[r] = sum_n x[r, n].to(y.dtype).to(fp64) / n_cols, rounded once to y's dtype.
 
@@ -41,6 +52,10 @@ def mean_kernel(
     input before reducing), then accumulated in fp64 from +0 (exact widening; a lane of fp32
     values cannot overflow fp64), the lanes combined order-free, divided in fp64 and rounded
     once by :func:`~batchinv.fast.kernels.primitives.round_from_f64`.
+
+    ``STAGES > 1`` pipelines the chunk loop (Triton's ``tl.range(num_stages=...)``: the loads of
+    the next ``STAGES - 1`` chunks issued before a chunk is added); every lane adds its chunks in
+    the same order, so the bits are the same at any ``STAGES``.
 
     ``FIXED_POINT=False`` is the unpinned production-style path, for the baseline only: fp32
     lanes (as ``torch.mean`` accumulates), a float ``tl.sum`` over them whose order follows the
@@ -58,14 +73,14 @@ def mean_kernel(
     else:
         acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
     p = x_ptrs
-    for start in range(0, n_cols, BLOCK_N):
-        mask = row_ok & (cols < n_cols - start)
-        x = tl.load(p, mask=mask, other=0.0)
-        p += col_step
-        # Through fp32 first: bf16 -> fp32 is exact, so the one rounding to the output dtype is
-        # the direct conversion's (and Triton's interpreter has no direct bf16 -> fp16 path);
-        # the widening to the accumulator's dtype is exact.
-        acc += widen_f32(round_to(widen_f32(x), y_ptr.dtype.element_ty)).to(acc.dtype)
+    if STAGES > 1:
+        for start in tl.range(0, n_cols, BLOCK_N, num_stages=STAGES):
+            acc = _add_chunk(acc, p, row_ok & (cols < n_cols - start), y_ptr.dtype.element_ty)
+            p += col_step
+    else:
+        for start in range(0, n_cols, BLOCK_N):
+            acc = _add_chunk(acc, p, row_ok & (cols < n_cols - start), y_ptr.dtype.element_ty)
+            p += col_step
     if FIXED_POINT:
         # n_cols (int32) -> fp64 is exact; fp64 division is correctly rounded on every lane.
         out = round_from_f64(fixed_point_lane_sum_f64(acc) / n_cols, y_ptr.dtype.element_ty)
