@@ -219,8 +219,16 @@ GPU_SPLIT_32BIT: Final = (
     Split(8, 2, 8, 2048, 16, stages=8, write_stages=2),
     Split(4, 4, 4, 2048, 8, stages=4, write_stages=2, combine_once=True),
 )
-#: Tiled candidates (every row length): more loads in flight in the one-program kernel.
-TILED_CANDIDATES: Final = (Tiled(stages=2), Tiled(stages=3), Tiled(group=2))
+#: Tiled candidates (every row length): more loads in flight in the one-program kernel; a group
+#: of 4 chunks holds a whole 32000-column bf16 row in flight in pass 1 (issue 26: 16-64 rows).
+TILED_CANDIDATES: Final = (
+    Tiled(stages=2),
+    Tiled(stages=3),
+    Tiled(group=2),
+    Tiled(group=2, stages=2),
+    Tiled(group=4),
+    Tiled(group=4, stages=2),
+)
 #: The interpreter's candidates (every row length): pass 1 over 1, 2 or 4 programs, the write
 #: over 1, 2 or 3 (each combining the row, or after a combine kernel), an odd group (a group past
 #: the row's end is masked), write steps of 32 to 128 columns.
