@@ -46,7 +46,6 @@ from batchinv.harness.compare import (
 from batchinv.harness.lanes import Lane, lane_device
 from batchinv.harness.registry import (
     CHECKS,
-    INVARIANCE_CHECKS,
     NEIGHBOUR_CHECKS,
     PADDING_CHECKS,
     PHASE_CHECKS,
@@ -1130,12 +1129,16 @@ def control_results(
     pairs: Sequence[tuple[str, Case]] | None = None,
 ) -> Iterator[CheckResult]:
     """The negative control of ``baseline``: its invariance checks over the lane's cases, in
-    order, ending after the first check that finds variance (``fail``), crashes (``error``) or
-    times out (``timeout``).  ``pairs``: the ``(check, case)`` pairs to run instead, in that
-    order (a sweep profile's, :mod:`batchinv.harness.profiles`)."""
+    the full profile's order (:meth:`batchinv.harness.profiles.Selection.control_pairs`: case by
+    case, the checks a registered baseline is caught by first), ending after the first check that
+    finds variance (``fail``), crashes (``error``) or times out (``timeout``).  ``pairs``: the
+    ``(check, case)`` pairs to run instead, in that order (a sweep profile's)."""
     if pairs is None:
-        checks = [c for c in component.applicable_checks() if c in INVARIANCE_CHECKS]
-        pairs = [(check, case) for case in component.cases(lane) for check in checks]
+        from batchinv.harness.profiles import FULL  # profiles reads the registry's check names
+
+        cases = component.cases(lane)
+        known = _baseline_of(component, baseline)
+        pairs = [(check, cases[i]) for check, i in FULL.control_pairs(component, known, lane)]
     for check, case in pairs:
         result = run_check(component, baseline, check, case, lane, m_limit=m_limit, timeout=timeout)
         yield result

@@ -156,16 +156,17 @@ class Selection:
         self, comp: Component, baseline: Baseline | None, lane: Lane
     ) -> tuple[tuple[str, int], ...]:
         """``(check, case index)`` of a control, in the order it runs them (it ends at the first
-        detection): case by case, every check of the case, as the full profile does; under the
-        quick profile a required control first runs the checks it is caught by
-        (``Baseline.caught_by``, ``config_equivalence`` for a ``config_control``) over every case,
-        then the rest -- the same pairs in another order, so the same verdict; a control not
-        required on the lane leaves out ``cross_process`` there (it runs the quick cases only)."""
+        detection): case by case, every check of the case, except that a baseline first runs the
+        checks it is caught by (``Baseline.caught_by``, ``config_equivalence`` for a
+        ``config_control``) over every case, then the rest -- the same pairs in another order, so
+        the same verdict, found without first running the checks that cannot see it (in every
+        profile: the pytest controls and the GPU sweep too).  Under the quick profile a control
+        not required on the lane leaves out ``cross_process`` (it runs the quick cases only)."""
         checks = self.control_checks(comp, baseline)
         pairs = [(ch, i) for i in self.control_cases(comp, baseline, lane) for ch in checks]
-        if not self.quick_on(lane) or baseline is None or baseline.is_pin_candidate:
+        if baseline is None or baseline.is_pin_candidate:
             return tuple(pairs)
-        if lane not in baseline.expected_to_vary_on:  # not required here: no fresh processes
+        if self.quick_on(lane) and lane not in baseline.expected_to_vary_on:  # no fresh processes
             pairs = [p for p in pairs if p[0] not in PROCESS_CHECKS]
         first = set(baseline.caught_by) | ({"config_equivalence"} if baseline.config_control else set())
         return tuple(sorted(pairs, key=lambda p: p[0] not in first))  # stable: order kept within each

@@ -1,11 +1,14 @@
 """The harness has teeth: every planted mutant (``tests/mutants``) fails the cpu-lane sweep.
 
-Each mutant replaces its component's fast function (``dataclasses.replace``) and goes through
-:func:`batchinv.harness.sweep.run_sweep` with the component's own cpu case list.  The sweep is
-restricted to the checks the mutant is expected to fail (the others would only add minutes);
-it must come back not ok, with those checks among the failing ones -- failures, never crashes
-(a crash is an error row, not a detection).  The same restricted sweep on the shipped kernels
-passes, so each mutant is caught for the planted reason.
+Each mutant replaces its component's fast function (``dataclasses.replace``) and runs the
+checks it is expected to fail (the others would only add minutes) on the component's own cpu
+case list, case by case, as the sweep's units run them (:func:`batchinv.harness.checks.run_check`
+on the component restricted to those checks).  Those checks must fail -- failures, never crashes
+(a crash is an error row, not a detection) -- on every case its ``every_case`` names and on as
+many cases and neighbour mixes as ``independent`` asks; the run stops at the first case after
+which all of that holds (the cases after it could only add catches).  The shipped kernels pass
+the same checks on every case (``tests/components/test_components.py::test_fast``: every
+applicable check on every cpu case), so each mutant is caught for the planted reason.
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ import pytest
 import torch
 from decode_plan_guards import GUARDS, GuardFailed
 
+from batchinv.harness.checks import FAST, TIMEOUT, CheckResult, run_check
 from batchinv.harness.compare import compare_exact, compare_tolerance
 from batchinv.harness.components import matmul as matmul_component
 from batchinv.harness.lanes import Lane
 from batchinv.harness.registry import Batch, Case, Component, get
-from batchinv.harness.sweep import SweepOutcome, run_sweep
 from batchinv.reference import matmul as ref_matmul
 from batchinv.reference.exact import round_once
 from batchinv.reference.matmul import weight_kn
@@ -42,42 +45,65 @@ class _OnlyChecks(Component):
         return tuple(c for c in super().applicable_checks() if c in self.only)
 
 
-def _sweep(
+def _restricted(
     component: Component, subject: object, checks: Sequence[str], replaces: str = "fast"
-) -> SweepOutcome:
+) -> _OnlyChecks:
+    """``component`` with ``subject`` as its ``replaces`` field, running only ``checks``."""
     fields = {f.name: getattr(component, f.name) for f in dataclasses.fields(component)}
     restricted = _OnlyChecks(**{**fields, replaces: subject}, only=tuple(checks))
     assert set(checks) <= set(restricted.applicable_checks()), checks
-    return run_sweep([restricted], Lane.CPU, include_baselines=False)
+    return restricted
 
 
-def _summary(outcome: SweepOutcome) -> str:
-    return "\n".join(f"  {f.check} {f.status} [{f.case}]: {f.detail[:300]}" for f in outcome.failures[:8])
+def _summary(failures: Sequence[CheckResult]) -> str:
+    return "\n".join(f"  {f.check} {f.status} [{f.case}]: {f.detail[:300]}" for f in failures[:8])
+
+
+def _independent(mutant: Mutant, failures: Sequence[CheckResult]) -> tuple[set[str], set[str]]:
+    """The cases and the neighbour mixes besides ``one_huge`` of the failing ``caught_by`` rows."""
+    rows = [f for f in failures if f.check in mutant.caught_by]
+    return {f.case for f in rows}, {_mix(label) for f in rows for label in f.where} - {"one_huge"}
+
+
+def _caught(mutant: Mutant, failures: Sequence[CheckResult], wanted_left: int) -> bool:
+    """Whether every requirement on the mutant holds already: each ``caught_by`` check failed,
+    no case of ``every_case`` is still to run, and ``independent`` is met."""
+    if not set(mutant.caught_by) <= {f.check for f in failures} or wanted_left:
+        return False
+    cases, mixes = _independent(mutant, failures)
+    return len(cases) >= mutant.independent and len(mixes) >= mutant.independent
 
 
 @pytest.mark.cpu
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
 def test_the_cpu_sweep_catches_the_mutant(mutant: Mutant) -> None:
     component = get(mutant.component)
-    outcome = _sweep(component, mutant.build(), mutant.caught_by, mutant.replaces)
-    errors = [f for f in outcome.failures if f.status == "error"]
-    assert not errors, f"{mutant.name} crashed (not a detection):\n{_summary(outcome)}"
-    assert not outcome.ok, f"{mutant.name} ({mutant.regression}) passed the cpu sweep"
-    failing = {f.check for f in outcome.failures}
-    assert set(mutant.caught_by) <= failing, f"expected {mutant.caught_by} to fail:\n{_summary(outcome)}"
-    if mutant.every_case is not None:
-        wanted = [c for c in component.cases(Lane.CPU) if mutant.every_case(c)]
-        assert wanted, f"{mutant.name}: no cpu case of the kind it must fail on"
-        caught = {(f.case, f.check) for f in outcome.failures}
-        missed = [(c.id, ch) for c in wanted for ch in mutant.caught_by if (c.id, ch) not in caught]
-        assert not missed, f"{mutant.name} passed on cases it must fail: {missed}"
+    restricted = _restricted(component, mutant.build(), mutant.caught_by, mutant.replaces)
+    cases = component.cases(Lane.CPU)
+    wanted = [c for c in cases if mutant.every_case(c)] if mutant.every_case is not None else []
+    assert mutant.every_case is None or wanted, f"{mutant.name}: no cpu case of the kind it must fail on"
+    failures: list[CheckResult] = []
+    for i, case in enumerate(cases):
+        for check in mutant.caught_by:  # as the sweep's unit of this case runs them
+            r = run_check(restricted, FAST, check, case, Lane.CPU)
+            assert r.status not in ("error", TIMEOUT), (
+                f"{mutant.name} crashed (not a detection):\n{_summary([*failures, r])}"
+            )
+            if r.status == "fail":
+                failures.append(r)
+        if _caught(mutant, failures, sum(c in wanted for c in cases[i + 1 :])):
+            break
+    assert failures, f"{mutant.name} ({mutant.regression}) passed the cpu sweep"
+    failing = {f.check for f in failures}
+    assert set(mutant.caught_by) <= failing, f"expected {mutant.caught_by} to fail:\n{_summary(failures)}"
+    caught = {(f.case, f.check) for f in failures}
+    missed = [(c.id, ch) for c in wanted for ch in mutant.caught_by if (c.id, ch) not in caught]
+    assert not missed, f"{mutant.name} passed on cases it must fail: {missed}"
     if mutant.independent:
-        rows = [f for f in outcome.failures if f.check in mutant.caught_by]
-        cases = {f.case for f in rows}
-        mixes = {_mix(label) for f in rows for label in f.where} - {"one_huge"}
-        assert len(cases) >= mutant.independent and len(mixes) >= mutant.independent, (
-            f"{mutant.name} caught by {len(cases)} case(s) and {sorted(mixes)} besides one_huge "
-            f"(at least {mutant.independent} of each wanted):\n{_summary(outcome)}"
+        found, mixes = _independent(mutant, failures)
+        assert len(found) >= mutant.independent and len(mixes) >= mutant.independent, (
+            f"{mutant.name} caught by {len(found)} case(s) and {sorted(mixes)} besides one_huge "
+            f"(at least {mutant.independent} of each wanted):\n{_summary(failures)}"
         )
 
 
@@ -86,15 +112,6 @@ def _mix(label: str) -> str:
     (one_huge)``: ``one_huge``); ``own batch`` for one inside the case's own batch."""
     found = re.search(r"\(([^()]*)\)$", label)
     return found.group(1) if found else "own batch"
-
-
-@pytest.mark.cpu
-@pytest.mark.parametrize("name", sorted({m.component for m in MUTANTS}))
-def test_the_shipped_kernels_pass_the_same_sweep(name: str) -> None:
-    component = get(name)
-    checks = sorted({c for m in MUTANTS if m.component == name for c in m.caught_by})
-    outcome = _sweep(component, component.fast, checks)
-    assert outcome.ok, _summary(outcome)
 
 
 def test_mutants_are_named_once_and_mutate_registered_components() -> None:
