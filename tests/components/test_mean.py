@@ -131,6 +131,27 @@ def test_interpreter_bits_equal_the_documented_order(n_cols):
     assert compare_bitwise(expected, fast_mean(x)).equal
 
 
+@any_lane
+@pytest.mark.parametrize("num_stages", [1, 2, 3, 4])
+@pytest.mark.parametrize("n_cols", [128, 333, 1025])
+def test_a_pipelined_chunk_loop_keeps_the_documented_order(n_cols, num_stages):
+    """``RowConfig.num_stages`` (the GPU tables pipeline the chunk loop 3 deep) only issues the
+    next chunks' loads early: at every depth the bits are the documented order's, over one chunk,
+    three with a masked tail and nine (the interpreter's table never pipelines, so this is the
+    cpu lane's run of the pipelined loop)."""
+    gen = torch.Generator().manual_seed(n_cols + num_stages)
+    x = torch.randn(3, n_cols, generator=gen) * 1e3 + torch.randn(3, 1, generator=gen) * 1e6  # cancellation
+    config = RowConfig(1, 128, 4, num_stages=num_stages)
+    out = fast_module.launch(x.to(DEVICE), F32, False, config=config)
+    assert compare_bitwise(emulate(x, 128), out.cpu()).equal
+
+
+@pytest.mark.cpu
+def test_num_stages_must_be_a_positive_int():
+    with pytest.raises(ValueError, match="num_stages"):
+        RowConfig(1, 128, 4, num_stages=0)
+
+
 # --- keepdim and dtype ------------------------------------------------------------------------
 
 
