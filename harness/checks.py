@@ -1130,9 +1130,10 @@ def control_results(
 ) -> Iterator[CheckResult]:
     """The negative control of ``baseline``: its invariance checks over the lane's cases, in
     the full profile's order (:meth:`batchinv.harness.profiles.Selection.control_pairs`: case by
-    case, the checks a registered baseline is caught by first), ending after the first check that
-    finds variance (``fail``), crashes (``error``) or times out (``timeout``).  ``pairs``: the
-    ``(check, case)`` pairs to run instead, in that order (a sweep profile's)."""
+    case, the checks a registered baseline is caught by first; a pin candidate's batch_prefix, as
+    the sweep runs it), ending after the first check that finds variance (``fail``), crashes
+    (``error``) or times out (``timeout``).  ``pairs``: the ``(check, case)`` pairs to run
+    instead, in that order (a sweep profile's)."""
     if pairs is None:
         from batchinv.harness.profiles import FULL  # profiles reads the registry's check names
 

@@ -160,8 +160,11 @@ class Selection:
         checks it is caught by (``Baseline.caught_by``, ``config_equivalence`` for a
         ``config_control``) over every case, then the rest -- the same pairs in another order, so
         the same verdict, found without first running the checks that cannot see it (in every
-        profile: the pytest controls and the GPU sweep too).  Under the quick profile a control
-        not required on the lane leaves out ``cross_process`` (it runs the quick cases only)."""
+        profile: the pytest controls and the GPU sweep too).  The one exception: a control also
+        ends at its first crash or timeout, so where a pair crashes the order decides whether the
+        control meets the crash or a detection first (as in the quick profile before).  Under the
+        quick profile a control not required on the lane leaves out ``cross_process`` (it runs the
+        quick cases only)."""
         checks = self.control_checks(comp, baseline)
         pairs = [(ch, i) for i in self.control_cases(comp, baseline, lane) for ch in checks]
         if baseline is None or baseline.is_pin_candidate:

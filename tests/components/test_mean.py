@@ -137,13 +137,44 @@ def test_interpreter_bits_equal_the_documented_order(n_cols):
 def test_a_pipelined_chunk_loop_keeps_the_documented_order(n_cols, num_stages):
     """``RowConfig.num_stages`` (the GPU tables pipeline the chunk loop 3 deep) only issues the
     next chunks' loads early: at every depth the bits are the documented order's, over one chunk,
-    three with a masked tail and nine (the interpreter's table never pipelines, so this is the
-    cpu lane's run of the pipelined loop)."""
+    three with a masked tail and nine.  The interpreter ignores the depth itself, but runs the
+    kernel's ``tl.range`` branch (its table never pipelines: this is that branch's cpu-lane run;
+    a pointer step left out there fails it); GPU lanes pipeline for real."""
     gen = torch.Generator().manual_seed(n_cols + num_stages)
     x = torch.randn(3, n_cols, generator=gen) * 1e3 + torch.randn(3, 1, generator=gen) * 1e6  # cancellation
     config = RowConfig(1, 128, 4, num_stages=num_stages)
     out = fast_module.launch(x.to(DEVICE), F32, False, config=config)
     assert compare_bitwise(emulate(x, 128), out.cpu()).equal
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [F32, BF16, F16])
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "3d"])
+def test_every_pipelined_table_tile_gives_its_unpipelined_bits(dtype, layout):
+    """Each GPU table bucket with ``num_stages > 1`` against the same tile at depth 1, bitwise,
+    at a row length inside the bucket (several chunks and a masked tail), on contiguous rows,
+    rows of a wider buffer and a 3-D input, with special values among normal ones."""
+    buckets = MEAN_TABLE[("gpu", dtype)]
+    pipelined = [(i, b) for i, b in enumerate(buckets) if b.config.num_stages > 1]
+    assert pipelined, "the GPU table ships no pipelined tile"
+    for i, bucket in pipelined:
+        low = buckets[i - 1].max_cols if i else 0
+        n_cols = min(low + 3 * bucket.config.block_n + 77, 160_000)  # past one chunk, a ragged tail
+        gen = torch.Generator().manual_seed(n_cols)
+        x = torch.randn(6, n_cols + 5, generator=gen) * 1e3 + torch.randn(6, 1, generator=gen) * 1e6
+        x[1, 7], x[2, 9], x[3, 11] = NAN, INF, 1e-40  # a NaN, an inf and a subnormal row
+        x = x.to(dtype).to(DEVICE)
+        rows = {
+            "contiguous": x[:, :n_cols].contiguous(),
+            "strided": x[:, :n_cols],
+            "3d": x[:, :n_cols].reshape(2, 3, n_cols),
+        }[layout]
+        assert mean_config(arch(DEVICE), dtype, n_cols) == bucket.config
+        shipped = fast_module.launch(rows, dtype, False)
+        unpipelined = fast_module.launch(
+            rows, dtype, False, config=dataclasses.replace(bucket.config, num_stages=1)
+        )
+        assert bits(shipped) == bits(unpipelined), (bucket, layout)
 
 
 @pytest.mark.cpu

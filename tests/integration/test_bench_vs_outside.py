@@ -57,17 +57,32 @@ def test_ratios_are_matched_by_kernel_and_shape_with_each_ones_production_path(t
             _bench_point("matmul", logits, "torch_default", 3.0),  # not the logits' production path
             _bench_point("matmul", logits, "torch_then_cast", 5.0),
             _bench_point(
-                "mean", "shape=1x4096-dtype=bfloat16-values=normal-out_dtype=None-seed=0", "fast", 3.0
+                "mean",
+                "shape=1x4096-dtype=bfloat16-values=normal-layout=contiguous-keepdim=False-out_dtype=None-seed=0",
+                "fast",
+                3.0,
             ),
             _bench_point(
-                "mean", "shape=1x4096-dtype=bfloat16-values=normal-out_dtype=None-seed=0", "torch_native", 2.0
+                "mean",
+                "shape=1x4096-dtype=bfloat16-values=normal-layout=contiguous-keepdim=False-out_dtype=None-seed=0",
+                "torch_native",
+                2.0,
             ),
         ],
         [
-            {"section": "matmul", "op": "linear", "N": 4096, "K": 4096, "M": 1, "ratio": {"batchinv": 1.05}},
+            {
+                "section": "matmul",
+                "op": "linear",
+                "dtype": "bfloat16",
+                "N": 4096,
+                "K": 4096,
+                "M": 1,
+                "ratio": {"batchinv": 1.05},
+            },
             {
                 "section": "router",
                 "op": "router_fp32_logits",
+                "dtype": "bfloat16",
                 "N": 256,
                 "K": 7168,
                 "M": 8,
@@ -90,9 +105,88 @@ def test_ratios_are_matched_by_kernel_and_shape_with_each_ones_production_path(t
     assert "outside 1.05x  bench 1.00x  diff -4.8%" in out  # bf16 4096^2 at M = 1
     assert "outside 1.20x  bench 1.20x  diff +0.0%" in out  # the logits against bf16 then cast
     assert "outside 1.20x  bench 1.50x  diff +25.0%   <- outside the margin" in out  # mean
-    assert out.rstrip().endswith(
-        "2 of 3 matched points agree within 10% (worst 25.0%); bench only: 0, outside only: 0"
+    assert out.splitlines()[-1].startswith(
+        "2 of 3 matched points agree within 10% (worst 25.0%); bench only: 0, outside only: 0, "
+        "outside without a ratio: 0"
     )
+
+
+@pytest.mark.cpu
+def test_only_like_with_like_is_matched_and_what_is_left_out_is_counted(tmp_path, capsys):
+    """An fp16 linear, a strided mean case and a point whose baseline errored (ratio null) are not
+    compared; a key seen twice is counted; nothing matched is exit status 1."""
+    mod = _module()
+    mean = "shape=1x4096-dtype=bfloat16-values=normal-layout={layout}-keepdim=False-out_dtype=None-seed=0"
+    bench, outside = _write(
+        tmp_path,
+        [
+            _bench_point("mean", mean.format(layout="strided"), "fast", 3.0),
+            _bench_point("mean", mean.format(layout="strided"), "torch_native", 1.0),
+            _bench_point(
+                "mean",
+                "shape=2x3x4096-dtype=bfloat16-layout=contiguous-keepdim=False-out_dtype=None",
+                "fast",
+                1.0,
+            ),
+            _bench_point(
+                "mean",
+                "shape=2x3x4096-dtype=bfloat16-layout=contiguous-keepdim=False-out_dtype=None",
+                "torch_native",
+                1.0,
+            ),
+        ],
+        [
+            {
+                "section": "matmul",
+                "op": "linear",
+                "dtype": "float16",
+                "N": 64,
+                "K": 64,
+                "M": 1,
+                "ratio": {"batchinv": 2.0},
+            },
+            {
+                "section": "mean",
+                "op": "mean",
+                "dtype": "bfloat16",
+                "cols": 4096,
+                "rows": 1,
+                "ratio": {"batchinv": None},
+            },
+            {
+                "section": "mean",
+                "op": "mean",
+                "dtype": "bfloat16",
+                "cols": 4096,
+                "rows": 7,
+                "ratio": {"batchinv": 1.0},
+            },
+            {
+                "section": "mean",
+                "op": "mean",
+                "dtype": "bfloat16",
+                "cols": 4096,
+                "rows": 7,
+                "ratio": {"batchinv": 1.1},
+            },
+        ],
+    )
+    assert mod.main([str(bench), str(outside)]) == 1
+    assert capsys.readouterr().out.strip() == (
+        "no points matched; bench only: 0, outside only: 1, outside without a ratio: 1, "
+        "bench without one: 0, keys seen twice (last kept): bench 0, outside 1"
+    )
+
+
+@pytest.mark.cpu
+def test_a_smoke_run_or_a_tf32_run_is_refused(tmp_path, capsys):
+    mod = _module()
+    for header in ({"smoke": True}, {"allow_tf32": True}):
+        bench, outside = _write(tmp_path, [], [])
+        with gzip.open(outside, "wt") as f:
+            f.write(json.dumps({"kind": "header", **header}) + "\n")
+        assert mod.main([str(bench), str(outside)]) == 2
+        assert "smoke run or a TF32 run" in capsys.readouterr().err
 
 
 @pytest.mark.cpu
@@ -100,6 +194,13 @@ def test_unreadable_inputs_exit_2(tmp_path, capsys):
     mod = _module()
     assert mod.main([str(tmp_path / "missing.json"), str(tmp_path / "missing.jsonl")]) == 2
     assert "cannot read the inputs" in capsys.readouterr().err
+    listed = tmp_path / "list.json"
+    listed.write_text("[]")
+    _, outside = _write(tmp_path, [], [])
+    assert mod.main([str(listed), str(outside)]) == 2
+    assert "no list of points" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        mod.main([str(listed), str(outside), "--within", "10"])  # a fraction, not a percentage
 
 
 @pytest.mark.cpu

@@ -6,7 +6,8 @@ case list, case by case, as the sweep's units run them (:func:`batchinv.harness.
 on the component restricted to those checks).  Those checks must fail -- failures, never crashes
 (a crash is an error row, not a detection) -- on every case its ``every_case`` names and on as
 many cases and neighbour mixes as ``independent`` asks; the run stops at the first case after
-which all of that holds (the cases after it could only add catches).  The shipped kernels pass
+which all of that holds (the cases after it could only add catches -- or a crash, which the
+sweep reports as an error row; a timeout is never a catch here).  The shipped kernels pass
 the same checks on every case (``tests/components/test_components.py::test_fast``: every
 applicable check on every cpu case), so each mutant is caught for the planted reason.
 """
