@@ -27,14 +27,16 @@ from batchinv.reference.mean import check_mean_args
 # 4096 columns bf16 took 27.5 us at 1024 rows with the 8192-column tile against torch.mean's
 # 5.7, and 5.3 us with this one; the wide tile's fixed-point lane combine over 8192 lanes, most
 # of them empty, dominated).  docs/BENCHMARKS.md has the table.
-# The rows of several chunks pipeline their chunk loop 3 deep (issue 26: one row is its chunks'
-# loads in sequence -- 8 at 4096 columns, 19 at 151936; ``num_stages`` never changes a bit).
-_GPU_UP_TO_8K: Final = Bucket(8192, RowConfig(1, 512, 4, num_stages=3))
+# One row is its chunks' loads in sequence (8 at 4096 columns, 19 at 151936; issue 26's one-row
+# miss): ``RowConfig.num_stages`` pipelines the chunk loop without changing a bit, and
+# ``ci/tune_rows.py`` times depths 1-6 on these tiles; no depth ships before the H200 has timed
+# them (the 2026-12-07 session got no device machine; docs/DEVICE_RUNS.md).
+_GPU_UP_TO_8K: Final = Bucket(8192, RowConfig(1, 512, 4))
 _GPU_16BIT: Final = (
     Bucket(256, RowConfig(8, 256, 4)),
     Bucket(2048, RowConfig(2, 2048, 8)),
     _GPU_UP_TO_8K,
-    Bucket(ANY_LENGTH, RowConfig(1, 8192, 16, num_stages=3)),
+    Bucket(ANY_LENGTH, RowConfig(1, 8192, 16)),
 )
 _INTERP: Final = (
     Bucket(1024, RowConfig(64, 128, 1)),
@@ -46,7 +48,7 @@ MEAN_TABLE: Final = MappingProxyType(
             Bucket(256, RowConfig(8, 256, 4)),
             Bucket(2048, RowConfig(2, 2048, 8)),
             _GPU_UP_TO_8K,
-            Bucket(ANY_LENGTH, RowConfig(1, 4096, 16, num_stages=3)),
+            Bucket(ANY_LENGTH, RowConfig(1, 4096, 16)),
         ),
         ("gpu", torch.bfloat16): _GPU_16BIT,
         ("gpu", torch.float16): _GPU_16BIT,

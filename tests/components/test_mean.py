@@ -150,16 +150,17 @@ def test_a_pipelined_chunk_loop_keeps_the_documented_order(n_cols, num_stages):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [F32, BF16, F16])
 @pytest.mark.parametrize("layout", ["contiguous", "strided", "3d"])
-def test_every_pipelined_table_tile_gives_its_unpipelined_bits(dtype, layout):
-    """Each GPU table bucket with ``num_stages > 1`` against the same tile at depth 1, bitwise,
-    at a row length inside the bucket (several chunks and a masked tail), on contiguous rows,
-    rows of a wider buffer and a 3-D input, with special values among normal ones."""
+def test_every_gpu_table_tile_pipelined_gives_its_unpipelined_bits(dtype, layout):
+    """Each GPU table tile of several chunks at depths 2, 3 and 4 (``ci/tune_rows.py``'s
+    candidates) against the same tile at depth 1, bitwise, at a row length inside its bucket
+    (several chunks and a masked tail), on contiguous rows, rows of a wider buffer and a 3-D
+    input, with special values among normal ones."""
     buckets = MEAN_TABLE[("gpu", dtype)]
-    pipelined = [(i, b) for i, b in enumerate(buckets) if b.config.num_stages > 1]
-    assert pipelined, "the GPU table ships no pipelined tile"
-    for i, bucket in pipelined:
+    several = [(i, b) for i, b in enumerate(buckets) if b.max_cols > b.config.block_n]
+    assert several, "no GPU tile of several chunks"
+    for i, bucket in several:
         low = buckets[i - 1].max_cols if i else 0
-        n_cols = min(low + 3 * bucket.config.block_n + 77, 160_000)  # past one chunk, a ragged tail
+        n_cols = min(low + 3 * bucket.config.block_n + 77, bucket.max_cols)  # a ragged last chunk
         gen = torch.Generator().manual_seed(n_cols)
         x = torch.randn(6, n_cols + 5, generator=gen) * 1e3 + torch.randn(6, 1, generator=gen) * 1e6
         x[1, 7], x[2, 9], x[3, 11] = NAN, INF, 1e-40  # a NaN, an inf and a subnormal row
@@ -170,11 +171,13 @@ def test_every_pipelined_table_tile_gives_its_unpipelined_bits(dtype, layout):
             "3d": x[:, :n_cols].reshape(2, 3, n_cols),
         }[layout]
         assert mean_config(arch(DEVICE), dtype, n_cols) == bucket.config
-        shipped = fast_module.launch(rows, dtype, False)
-        unpipelined = fast_module.launch(
-            rows, dtype, False, config=dataclasses.replace(bucket.config, num_stages=1)
-        )
-        assert bits(shipped) == bits(unpipelined), (bucket, layout)
+        unpipelined = bits(fast_module.launch(rows, dtype, False, config=bucket.config))
+        for depth in (2, 3, 4):
+            config = dataclasses.replace(bucket.config, num_stages=depth)
+            assert bits(fast_module.launch(rows, dtype, False, config=config)) == unpipelined, (
+                config,
+                layout,
+            )
 
 
 @pytest.mark.cpu
