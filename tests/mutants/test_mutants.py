@@ -2,7 +2,7 @@
 
 Each mutant replaces its component's fast function (``dataclasses.replace``) and runs the
 checks it is expected to fail (the others would only add minutes) on the component's own cpu
-case list, case by case, as the sweep's units run them (:func:`batchinv.harness.checks.run_check`
+case list, case by case, as the sweep runs a case (:func:`batchinv.harness.checks.run_check`
 on the component restricted to those checks).  Those checks must fail -- failures, never crashes
 (a crash is an error row, not a detection) -- on every case its ``every_case`` names and on as
 many cases and neighbour mixes as ``independent`` asks; the run stops at the first case after
@@ -85,7 +85,7 @@ def test_the_cpu_sweep_catches_the_mutant(mutant: Mutant) -> None:
     assert mutant.every_case is None or wanted, f"{mutant.name}: no cpu case of the kind it must fail on"
     failures: list[CheckResult] = []
     for i, case in enumerate(cases):
-        for check in mutant.caught_by:  # as the sweep's unit of this case runs them
+        for check in mutant.caught_by:  # stateless subjects: the order of the checks is free
             r = run_check(restricted, FAST, check, case, Lane.CPU)
             assert r.status not in ("error", TIMEOUT), (
                 f"{mutant.name} crashed (not a detection):\n{_summary([*failures, r])}"
