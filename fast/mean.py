@@ -27,10 +27,10 @@ from batchinv.reference.mean import check_mean_args
 # 4096 columns bf16 took 27.5 us at 1024 rows with the 8192-column tile against torch.mean's
 # 5.7, and 5.3 us with this one; the wide tile's fixed-point lane combine over 8192 lanes, most
 # of them empty, dominated).  docs/BENCHMARKS.md has the table.
-# One row is its chunks' loads in sequence (8 at 4096 columns, 19 at 151936; issue 26's one-row
-# miss): ``RowConfig.num_stages`` pipelines the chunk loop without changing a bit, and
-# ``ci/tune_rows.py`` times depths 1-6 on these tiles; no depth ships before the H200 has timed
-# them (the 2026-12-07 session got no device machine; docs/DEVICE_RUNS.md).
+# ``RowConfig.num_stages`` pipelines the chunk loop without changing a bit (``ci/tune_rows.py``
+# times depths 1-6).  Run 65 (H100, docs/DEVICE_RUNS.md): the 512-column tile is fastest at depth
+# 1 at every row count; the vocabulary tile gains 4-11% with 8 warps at depth 3 -- a candidate
+# until a GPU sweep runs it on the H200.
 _GPU_UP_TO_8K: Final = Bucket(8192, RowConfig(1, 512, 4))
 _GPU_16BIT: Final = (
     Bucket(256, RowConfig(8, 256, 4)),
