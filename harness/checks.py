@@ -44,6 +44,7 @@ from batchinv.harness.compare import (
     compare_tolerance,
 )
 from batchinv.harness.lanes import Lane, lane_device
+from batchinv.harness.profiles import FULL
 from batchinv.harness.registry import (
     CHECKS,
     NEIGHBOUR_CHECKS,
@@ -1135,8 +1136,6 @@ def control_results(
     (``error``) or times out (``timeout``).  ``pairs``: the ``(check, case)`` pairs to run
     instead, in that order (a sweep profile's)."""
     if pairs is None:
-        from batchinv.harness.profiles import FULL  # profiles reads the registry's check names
-
         cases = component.cases(lane)
         known = _baseline_of(component, baseline)
         pairs = [(check, cases[i]) for check, i in FULL.control_pairs(component, known, lane)]
