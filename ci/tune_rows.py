@@ -42,7 +42,8 @@ MEAN_POINTS = [
     (torch.bfloat16, 151936),
 ]
 #: Pipeline depths (1: none) tried on the shipped tile of every point (``RowConfig.num_stages``: the same
-#: tree, so the same bits; issue 26: mean's one-row latency is its chunks' loads in sequence).
+#: tree, so the same bits).  Run 65 (H100): slower at every depth on the 512-column tile, 4-11%
+#: faster with 8 warps at depth 3 on the 151936-column one (docs/DEVICE_RUNS.md).
 MEAN_STAGES = (1, 2, 3, 4, 6)
 MEAN_TILES = [
     RowConfig(1, 8192, 16),
