@@ -15,7 +15,7 @@ over the outside one, minus 1), then a summary: how many points agree within ``-
 (default 10%), the worst, the points on one side only, the outside points without a ratio (the
 kit's baseline or batchinv errored there) and the keys seen twice (the last one kept).
 
-    python ci/bench_vs_outside.py BENCH.json SBS.jsonl[.gz] [--within 0.10]
+    python ci/bench_vs_outside.py BENCH.json[.gz] SBS.jsonl[.gz] [--within 0.10]
 
 Exit status 0 when points matched (whatever their agreement: the summary says it), 1 when none
 did, 2 on unreadable or unusable input.
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--within", type=_fraction, default=0.10, help="the margin, a fraction (0.10: 10%%)")
     args = parser.parse_args(argv)
     try:
-        bench = bench_ratios(json.loads(args.bench.read_text()))
+        bench = bench_ratios(json.loads("".join(_lines(args.bench))))
         outside = outside_ratios(_lines(args.outside))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         print(f"bench_vs_outside: cannot read the inputs: {type(exc).__name__}: {exc}", file=sys.stderr)

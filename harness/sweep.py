@@ -484,8 +484,10 @@ def _lost_row(
     return row, rest
 
 
-#: How a check that ran out of device memory reads (``torch.OutOfMemoryError``'s message).
-_OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory")
+#: How a check that ran out of device memory reads: ``torch.OutOfMemoryError``'s message (the
+#: caching allocator), or ``cudaErrorMemoryAllocation`` as ``torch.AcceleratorError`` words it
+#: (a CUDA call itself: a ``cross_process`` child's context or first allocation, run 67 on an H100).
+_OUT_OF_MEMORY = ("OutOfMemoryError", "CUDA out of memory", "CUDA error: out of memory")
 
 
 def _out_of_memory(result: CheckResult) -> bool:

@@ -870,10 +870,12 @@ def _widest_row_start(batch):
 @pytest.mark.parametrize("case_lane", _CHECK_LANES, ids=lambda lane: lane.value)
 def test_fast_path_is_the_launchers_dispatch(device, monkeypatch, case_lane):
     """``fast_path`` says True exactly where the launcher launches the kernel (a recorder in its
-    place), on every case of the cpu and GPU lists (2-row versions: the same dispatch)."""
+    place: both kernels, "compare" and "sign", the GPU's few-row execution), on every case of the
+    cpu and GPU lists (2-row versions: the same dispatch)."""
     for case in COMPONENT.cases(case_lane):
         rec = LaunchRecorder()
         monkeypatch.setattr(fast_module, "topk_kernel", rec)
+        monkeypatch.setattr(fast_module, "topk_sign_count_kernel", rec)
         batch = COMPONENT.build(_small(case), device)
         fast_topk(**batch.kwargs())
         assert component_module.fast_path(batch) == bool(rec.launches), case.id

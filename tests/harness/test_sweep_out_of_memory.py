@@ -74,3 +74,24 @@ def test_out_of_memory_when_running_alone_stays_an_error(tmp_path: Path):
     errors = [r for r in rows if r["status"] == "error"]
     assert len(errors) == 1 and "OutOfMemoryError" in errors[0]["detail"], rows
     assert not any("re-run alone" in r["detail"] for r in rows)
+
+
+@pytest.mark.parametrize(
+    "detail",
+    [
+        "OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB",
+        # a cross_process child's words on an H100 (run 67): the CUDA call, not the allocator
+        "batchinv.harness.cross_process.ChildFailed: fresh process PYTHONHASHSEED=1: could not set up the "
+        "case: torch.AcceleratorError: CUDA error: out of memory\nSearch for `cudaErrorMemoryAllocation'",
+    ],
+)
+def test_both_ways_of_running_out_of_device_memory_are_recognised(detail: str):
+    from batchinv.harness.checks import CheckResult
+    from batchinv.harness.sweep import _out_of_memory
+
+    row = CheckResult("fused_moe", "fast", "cross_process", "case", {}, 0, "sm90", "error", detail=detail)
+    assert _out_of_memory(row)
+    row.status = "fail"  # only an error row is re-run
+    assert not _out_of_memory(row)
+    row.status, row.detail = "error", "CUDA error: an illegal memory access was encountered"
+    assert not _out_of_memory(row)

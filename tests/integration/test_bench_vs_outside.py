@@ -213,3 +213,17 @@ def test_run58s_committed_files_match_as_its_hand_comparison_did(capsys):
     assert len(gemm) == 36
     assert sum("<- outside the margin" in line for line in gemm) == 1
     assert any(line.startswith("router bf16->fp32") and "diff +11.6%" in line for line in gemm)
+
+
+@pytest.mark.cpu
+def test_run66s_compressed_files_are_read_as_they_are_committed(capsys):
+    """Run 66 (H100) committed both files gzipped: 73 points matched, one outside 10%
+    (matmul 4096x4096 at M = 128, 12.4%), as DEVICE_RUNS records."""
+    mod = _module()
+    run66 = ROOT / "docs" / "device-runs" / "2026-12-07-h100-sm90" / "run66"
+    assert mod.main([str(run66 / "bench.json.gz"), str(run66 / "sbs.jsonl.gz")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("72 of 73 matched points agree within 10% (worst 12.4%)")
+    assert [line.split()[:4] for line in lines if "<- outside the margin" in line] == [
+        ["matmul", "bf16", "4096", "4096"]
+    ]
