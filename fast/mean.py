@@ -28,15 +28,17 @@ from batchinv.reference.mean import check_mean_args
 # 5.7, and 5.3 us with this one; the wide tile's fixed-point lane combine over 8192 lanes, most
 # of them empty, dominated).  docs/BENCHMARKS.md has the table.
 # ``RowConfig.num_stages`` pipelines the chunk loop without changing a bit (``ci/tune_rows.py``
-# times depths 1-6).  Run 65 (H100, docs/DEVICE_RUNS.md): the 512-column tile is fastest at depth
-# 1 at every row count; the vocabulary tile gains 4-11% with 8 warps at depth 3 -- a candidate
-# until a GPU sweep runs it on the H200.
+# times depths 1-6).  Runs 65 and 67 (H100, docs/DEVICE_RUNS.md): the 512-column tile is fastest
+# at depth 1 at every row count; the 16-bit vocabulary tile (8192-column chunks) is 2-11% faster
+# with 8 warps at depth 3 than with 16 at depth 1 at 1, 64 and 1024 rows of 151936 columns, in
+# both runs (run 67: 11.35 / 11.74 / 129.8 us against 11.54 / 12.42 / 144.1), with the same bits
+# (the chunk order is the loop's, whatever the depth or warps).  fp32 keeps its 4096-column tile.
 _GPU_UP_TO_8K: Final = Bucket(8192, RowConfig(1, 512, 4))
 _GPU_16BIT: Final = (
     Bucket(256, RowConfig(8, 256, 4)),
     Bucket(2048, RowConfig(2, 2048, 8)),
     _GPU_UP_TO_8K,
-    Bucket(ANY_LENGTH, RowConfig(1, 8192, 16)),
+    Bucket(ANY_LENGTH, RowConfig(1, 8192, 8, num_stages=3)),
 )
 _INTERP: Final = (
     Bucket(1024, RowConfig(64, 128, 1)),
