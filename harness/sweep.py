@@ -512,8 +512,9 @@ def _execute(
     """Yield each unit's results as it completes (in order when ``jobs == 1``).
 
     With ``jobs > 1`` the units run in that many worker processes, one unit at a time each.  The
-    workers share the GPU: a check that ran out of device memory (``torch.OutOfMemoryError``)
-    runs again at the end with no other unit in flight (a control's
+    workers share the GPU: a check that ran out of device memory (``torch.OutOfMemoryError``, or
+    a CUDA call's ``CUDA error: out of memory``: :data:`_OUT_OF_MEMORY`) runs again at the end
+    with no other unit in flight (a control's
     whole unit, a fast case's checks that ran out); its row says so, and an out-of-memory error
     when alone stays an ``error``.  A
     worker that dies (a segfault in a kernel, ``os._exit``) makes the check it was running an
