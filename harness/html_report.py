@@ -304,6 +304,7 @@ def _run_section(report: Report) -> str:
         ("flush-to-zero probe", None),
         ("date", h.get("date")),
         ("git revision", h.get("git_revision") or "not recorded"),
+        ("git tree", h.get("git_tree") or "not recorded"),
         ("jobs", h.get("jobs")),
         ("--max-m", h.get("max_m")),
         ("timeout (s)", h.get("timeout")),

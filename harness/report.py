@@ -43,14 +43,67 @@ def git_revision() -> str | None:
     return os.environ.get("GITHUB_SHA") or None
 
 
+def git_tree(root: Path | None = None) -> str | None:
+    """The git tree id of the source tree as it is on disk: every tracked file that exists and
+    every untracked file git does not ignore, at its current content (None without git or
+    outside a repository).
+
+    :func:`git_revision` names the commit checked out, which says nothing of a tree copied over
+    an older checkout (a device machine's copy read ``bc6ccdc18308-dirty`` for three different
+    trees, runs 66-68).  The tree id names the files themselves: a clean checkout's equals
+    ``git rev-parse HEAD^{tree}``, and the commit a report came from is the one whose tree id
+    it is (``git log --format='%H %T' | grep TREE``).  Built in a temporary index with
+    ``git update-index --info-only`` (the files are hashed, nothing is written to the
+    repository) and ``git write-tree --missing-ok``; a fraction of a second.
+
+    ``root``: the repository (default: the batchinv source tree's)."""
+    import os
+    import subprocess
+    import tempfile
+
+    root = root if root is not None else Path(__file__).resolve().parents[1]
+    try:
+        listed = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+            timeout=30,
+        )
+        if listed.returncode != 0:
+            return None
+        paths = sorted({p for p in listed.stdout.split(b"\0") if p and (root / os.fsdecode(p)).exists()})
+        with tempfile.TemporaryDirectory(prefix="batchinv-git-tree-") as folder:
+            env = {**os.environ, "GIT_INDEX_FILE": str(Path(folder) / "index")}
+            added = subprocess.run(
+                ["git", "-C", str(root), "update-index", "--add", "--info-only", "-z", "--stdin"],
+                input=b"".join(p + b"\0" for p in paths),
+                capture_output=True,
+                env=env,
+                timeout=60,
+            )
+            tree = subprocess.run(
+                ["git", "-C", str(root), "write-tree", "--missing-ok"],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=30,
+            )
+        if added.returncode == 0 and tree.returncode == 0 and tree.stdout.strip():
+            return tree.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return None
+
+
 def environment(lane: Lane) -> dict[str, Any]:
     """Date, lane, device name, SM count, torch / triton / CUDA versions, flush-to-zero probe,
-    the git revision (:func:`git_revision`)."""
+    the git revision (:func:`git_revision`) and the tree's id as it is on disk
+    (:func:`git_tree`)."""
     import torch
 
     info: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "git_revision": git_revision(),
+        "git_tree": git_tree(),
         "lane": lane.value,
         "python": platform.python_version(),
         "torch": torch.__version__,
