@@ -56,13 +56,20 @@ def git_tree(root: Path | None = None) -> str | None:
     ``git update-index --info-only`` (the files are hashed, nothing is written to the
     repository) and ``git write-tree --missing-ok``; a fraction of a second.
 
-    ``root``: the repository (default: the batchinv source tree's)."""
+    ``root``: the repository's top level (default: the batchinv source tree's); a folder inside
+    another repository (a copy installed into a virtual environment kept in some checkout) or
+    one with no files gives None, never the id of an unrelated or empty tree."""
     import os
     import subprocess
     import tempfile
 
     root = root if root is not None else Path(__file__).resolve().parents[1]
     try:
+        prefix = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--show-prefix"], capture_output=True, text=True, timeout=10
+        )
+        if prefix.returncode != 0 or prefix.stdout.strip():
+            return None  # not a repository, or a folder inside another one (an installed copy)
         listed = subprocess.run(
             ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
             capture_output=True,
@@ -71,6 +78,8 @@ def git_tree(root: Path | None = None) -> str | None:
         if listed.returncode != 0:
             return None
         paths = sorted({p for p in listed.stdout.split(b"\0") if p and (root / os.fsdecode(p)).exists()})
+        if not paths:
+            return None
         with tempfile.TemporaryDirectory(prefix="batchinv-git-tree-") as folder:
             env = {**os.environ, "GIT_INDEX_FILE": str(Path(folder) / "index")}
             added = subprocess.run(

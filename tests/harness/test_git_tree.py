@@ -60,8 +60,19 @@ def test_the_tree_id_names_the_files_on_disk_as_a_commit_of_them_would(tmp_path:
     assert "ignored.txt" not in _git(repo, "ls-tree", "-r", "--name-only", "HEAD")
 
 
-def test_no_repository_gives_none(tmp_path: Path):
+def test_no_repository_a_folder_inside_one_or_no_files_gives_none(tmp_path: Path):
     assert git_tree(tmp_path) is None
+    repo = tmp_path / "repo"
+    (repo / "site-packages" / "batchinv").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    (repo / "top.py").write_text("z = 3\n")
+    _commit_all(repo)
+    (repo / "site-packages" / "batchinv" / "report.py").write_text("")
+    assert git_tree(repo / "site-packages" / "batchinv") is None  # an installed copy: not its tree
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _git(empty, "init", "-q")
+    assert git_tree(empty) is None
 
 
 def test_the_header_carries_it():
