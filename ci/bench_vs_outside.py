@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 #: A point's identity on both sides: (kernel and dtype, shape numbers...).
 Key = tuple[Any, ...]
@@ -199,9 +199,13 @@ def outside_ratios(lines: Iterator[str]) -> Side:
     return side
 
 
+def _open(path: Path) -> IO[str]:
+    """``path`` opened for reading text, through gzip when it ends in ``.gz``."""
+    return gzip.open(path, "rt") if path.suffix == ".gz" else open(path)
+
+
 def _lines(path: Path) -> Iterator[str]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
+    with _open(path) as f:
         yield from (line for line in f if line.strip())
 
 
@@ -246,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--within", type=_fraction, default=0.10, help="the margin, a fraction (0.10: 10%%)")
     args = parser.parse_args(argv)
     try:
-        bench = bench_ratios(json.loads("".join(_lines(args.bench))))
+        with _open(args.bench) as f:
+            bench = bench_ratios(json.load(f))
         outside = outside_ratios(_lines(args.outside))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         print(f"bench_vs_outside: cannot read the inputs: {type(exc).__name__}: {exc}", file=sys.stderr)

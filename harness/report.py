@@ -15,6 +15,10 @@ from batchinv.harness import strict_json
 from batchinv.harness.checks import CheckResult
 from batchinv.harness.lanes import Lane
 
+#: The batchinv source tree (the folder holding ``harness/``): a checkout's top level, or the
+#: package folder of an installed copy.
+_SOURCE_ROOT = Path(__file__).resolve().parents[1]
+
 
 def git_revision() -> str | None:
     """The git revision of the batchinv source tree (``-dirty`` when it has uncommitted changes),
@@ -22,7 +26,7 @@ def git_revision() -> str | None:
     import os
     import subprocess
 
-    root = Path(__file__).resolve().parents[1]
+    root = _SOURCE_ROOT
     try:
         rev = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
@@ -63,7 +67,7 @@ def git_tree(root: Path | None = None) -> str | None:
     import subprocess
     import tempfile
 
-    root = root if root is not None else Path(__file__).resolve().parents[1]
+    root = root if root is not None else _SOURCE_ROOT
     try:
         prefix = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "--show-prefix"], capture_output=True, text=True, timeout=10
