@@ -5,7 +5,8 @@ the outside kit's ``side_by_side3.py --out sbs.jsonl`` (``../shared/tools``) by 
 shape, and compares the two ratios of the pinned kernel to the production path:
 
 * bench: ``fast`` microseconds / the production baseline's, both from the bench report (the same
-  calls per replay for every implementation, ``batchinv.harness.bench.INNER``);
+  calls per replay for every implementation of a case, sized as the kit sizes them:
+  ``batchinv.harness.bench.case_calls_per_replay``);
 * outside: the script's own ``ratio`` of batchinv to its production path.
 
 Only like with like is matched: bench cases in the kit's layout (contiguous rows, no bias, the

@@ -1,11 +1,20 @@
 """``batchinv bench``: CUDA-graph replay timed with CUDA events, fast vs baselines.
 
 For every bench case of a component, each implementation (the fast kernel and every baseline
-that runs in-process on this lane) is warmed up, captured ``INNER`` times into one CUDA graph,
+that runs in-process on this lane) is warmed up, captured ``calls`` times into one CUDA graph,
 and the graph is replayed ``reps`` times, each replay bracketed by events; the time per call is
-the median replay time over ``INNER``.  An implementation that cannot be captured (it syncs
+the median replay time over ``calls``.  An implementation that cannot be captured (it syncs
 with the host, say) is timed eagerly the same way and marked ``eager``.  The ratio is
 fast / baseline: below 1 the fast kernel is quicker.
+
+Calls per replay: one count per case, the same for every implementation of that case (never
+compare times taken with different counts: a replay's own launch cost, several microseconds, is
+shared by its calls).  It is sized as the outside measurement sizes it (``side_by_side3.py`` in
+the project's tools, issue 26): from the *device* time of one captured call, never from an eager
+call, whose host cost would give a launcher with a slow host path fewer calls and leave it the
+replay's launch cost alone; ``calls_per_replay`` of the fastest implementation's time, so each
+replay holds about :data:`REPLAY_DEVICE_US` of that implementation's work, 1 to
+:data:`MAX_CALLS_PER_REPLAY` calls.  The count is in every point and in the report.
 
 Caveat, stated in every report: operands are not rotated, so a case whose operands fit in L2
 (50 MB on an H200) is timed warm for every implementation alike.
@@ -15,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -23,7 +33,13 @@ from typing import Any
 
 from batchinv.harness.lanes import Lane
 
-INNER = 10
+#: A replay holds calls for about this many microseconds of device time (the outside kit's rule).
+REPLAY_DEVICE_US = 200.0
+#: ... and at most this many calls.
+MAX_CALLS_PER_REPLAY = 20
+#: The count of :func:`time_call` when the caller gives none (the tuners: every candidate of a
+#: point alike).
+DEFAULT_CALLS_PER_REPLAY = 10
 #: The copy bandwidth the floors are computed with (bytes read + written per second): the H200's
 #: measured device-to-device copy rate (docs/BENCHMARKS.md, "Ceilings used").
 COPY_BYTES_PER_S = 4.3e12
@@ -41,6 +57,7 @@ class BenchPoint:
     mode: str  # "graph" or "eager"
     ratio_to_fast: float | None = None
     floor_microseconds: float | None = None  # bench_bytes / COPY_BYTES_PER_S, or flops / rate if larger
+    calls_per_replay: int = DEFAULT_CALLS_PER_REPLAY  # the case's count, every implementation alike
 
     @property
     def share_of_floor(self) -> float | None:
@@ -51,26 +68,80 @@ class BenchPoint:
         return self.floor_microseconds / self.microseconds
 
 
-def time_call(fn: Callable[[], Any], reps: int) -> tuple[float, str]:
-    """Median microseconds per call of ``fn`` on the current CUDA stream, and the mode used."""
+def calls_per_replay(call_microseconds: float) -> int:
+    """The calls one replay holds for a call of ``call_microseconds`` of device time: about
+    :data:`REPLAY_DEVICE_US` of work, 1 to :data:`MAX_CALLS_PER_REPLAY` (calls under 1 us count as 1 us).
+
+    Raises:
+        ValueError: ``call_microseconds`` is not a finite number >= 0.
+    """
+    if not math.isfinite(call_microseconds) or call_microseconds < 0:
+        raise ValueError(f"call_microseconds: expected a finite time >= 0, got {call_microseconds!r}")
+    return int(max(1, min(MAX_CALLS_PER_REPLAY, REPLAY_DEVICE_US // max(call_microseconds, 1.0))))
+
+
+def captured_call_microseconds(fn: Callable[[], Any]) -> float | None:
+    """The device time of one call of ``fn``: the fastest of 5 replays of a graph holding that one
+    call (microseconds), or None when ``fn`` cannot be captured (then it is timed eagerly and the
+    caller sizes the count from the other implementations)."""
     import torch
 
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
+    try:
+        graph = _capture(fn, 1)
+    except Exception:  # not capturable: no device time to size from
+        torch.cuda.synchronize()
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    del graph
+    return min(times)
+
+
+def _capture(fn: Callable[[], Any], calls: int) -> Any:
+    """A CUDA graph of ``calls`` calls of ``fn``, warmed on a side stream first (torch's recipe)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def time_call(fn: Callable[[], Any], reps: int, calls: int = DEFAULT_CALLS_PER_REPLAY) -> tuple[float, str]:
+    """Median microseconds per call of ``fn`` on the current CUDA stream over ``reps`` replays of a
+    graph of ``calls`` calls, and the mode used ("graph", or "eager (why)" when capture fails).
+
+    Raises:
+        ValueError: ``calls`` or ``reps`` below 1.
+    """
+    import torch
+
+    if calls < 1 or reps < 1:
+        raise ValueError(f"calls and reps: expected >= 1, got calls={calls!r}, reps={reps!r}")
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
     mode = "graph"
     try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(INNER):
-                fn()
-        torch.cuda.synchronize()
+        graph = _capture(fn, calls)
 
         def run() -> None:
             graph.replay()
@@ -81,7 +152,7 @@ def time_call(fn: Callable[[], Any], reps: int) -> tuple[float, str]:
         torch.cuda.synchronize()
 
         def run() -> None:
-            for _ in range(INNER):
+            for _ in range(calls):
                 fn()
 
     samples = []
@@ -91,8 +162,22 @@ def time_call(fn: Callable[[], Any], reps: int) -> tuple[float, str]:
         run()
         end.record()
         end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000.0 / INNER)
+        samples.append(start.elapsed_time(end) * 1000.0 / calls)
     return statistics.median(samples), mode
+
+
+def case_calls_per_replay(fns: Sequence[Callable[[], Any]]) -> int:
+    """One count for every implementation of a case: :func:`calls_per_replay` of the fastest
+    captured call among ``fns`` (:data:`DEFAULT_CALLS_PER_REPLAY` if none can be captured)."""
+    times = []
+    for fn in fns:
+        try:
+            us = captured_call_microseconds(fn)
+        except Exception:  # an implementation that fails is reported by its timing, not here
+            us = None
+        if us is not None:
+            times.append(us)
+    return calls_per_replay(min(times)) if times else DEFAULT_CALLS_PER_REPLAY
 
 
 def bench_component(component: Any, lane: Lane, reps: int) -> list[BenchPoint]:
@@ -115,10 +200,11 @@ def bench_component(component: Any, lane: Lane, reps: int) -> list[BenchPoint]:
             for b in component.baselines
             if lane in b.lanes and not b.is_pin_candidate and b.timed
         ]
+        calls = case_calls_per_replay([functools.partial(fn, **kwargs) for _, fn in impls])
         fast_us = None
         for name, fn in impls:
             try:
-                us, mode = time_call(functools.partial(fn, **kwargs), reps)
+                us, mode = time_call(functools.partial(fn, **kwargs), reps, calls)
             except Exception as exc:  # report and go on
                 print(
                     f"bench {component.name} {name} [{case.id}]: error {type(exc).__name__}: {str(exc).splitlines()[0]}"
@@ -129,7 +215,7 @@ def bench_component(component: Any, lane: Lane, reps: int) -> list[BenchPoint]:
             if name == "fast":
                 fast_us = us
             ratio = None if fast_us is None or name == "fast" else fast_us / us
-            point = BenchPoint(component.name, case.id, name, us, mode, ratio, floor)
+            point = BenchPoint(component.name, case.id, name, us, mode, ratio, floor, calls)
             points.append(point)
             print(_point_line(point), flush=True)  # as it goes: a later crash keeps what was timed
         del batch, kwargs
@@ -160,7 +246,10 @@ def _release(torch: Any) -> None:
 def _point_line(p: BenchPoint) -> str:
     ratio = "-" if p.ratio_to_fast is None else f"{p.ratio_to_fast:.2f}x"
     floor, share = _floor_cells(p)
-    return f"bench {p.component} {p.implementation} [{p.case}]: {p.microseconds:.1f} us ({p.mode}), fast/this {ratio}, floor {floor} us, {share} of floor"
+    return (
+        f"bench {p.component} {p.implementation} [{p.case}]: {p.microseconds:.1f} us ({p.mode}, "
+        f"{p.calls_per_replay} calls per replay), fast/this {ratio}, floor {floor} us, {share} of floor"
+    )
 
 
 def _floor_cells(p: BenchPoint) -> tuple[str, str]:
@@ -197,13 +286,21 @@ def main(lane: Lane, names: Sequence[str], out: Path | None, reps: int) -> int:
         "fast/baseline",
         "floor us",
         "of floor",
+        "calls/replay",
         "mode",
     ):
         table.add_column(col)
     for p in points:
         ratio = "-" if p.ratio_to_fast is None else f"{p.ratio_to_fast:.2f}x"
         table.add_row(
-            p.component, p.case, p.implementation, f"{p.microseconds:.1f}", ratio, *_floor_cells(p), p.mode
+            p.component,
+            p.case,
+            p.implementation,
+            f"{p.microseconds:.1f}",
+            ratio,
+            *_floor_cells(p),
+            str(p.calls_per_replay),
+            p.mode,
         )
     console.print(table)
     console.print(
@@ -217,19 +314,21 @@ def main(lane: Lane, names: Sequence[str], out: Path | None, reps: int) -> int:
         )
         lines = [
             f"Bench {env['date']} on {env['device']} (torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}); "
-            f"CUDA graph of {INNER} calls, median of {reps} replays.",
+            f"CUDA graph of 'calls/replay' calls (one count per case, every implementation alike: about "
+            f"{REPLAY_DEVICE_US:.0f} us of the fastest one's device time, 1 to {MAX_CALLS_PER_REPLAY}), "
+            f"median of {reps} replays.",
             "",
             f"Floor: bytes moved / {COPY_BYTES_PER_S / 1e12:.1f} TB/s where the component gives them, or "
             f"bf16 flops / {BF16_FLOPS_PER_S / 1e12:.0f} TFLOP/s where larger; 'of floor' = floor / time.",
             "",
-            "| component | case | implementation | us/call | fast/baseline | floor us | of floor | mode |",
-            "|---|---|---|---|---|---|---|---|",
+            "| component | case | implementation | us/call | fast/baseline | floor us | of floor | calls/replay | mode |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for p in points:
             ratio = "-" if p.ratio_to_fast is None else f"{p.ratio_to_fast:.2f}x"
             lines.append(
                 f"| {p.component} | {p.case} | {p.implementation} | {p.microseconds:.1f} | {ratio} | "
-                f"{' | '.join(_floor_cells(p))} | {p.mode} |"
+                f"{' | '.join(_floor_cells(p))} | {p.calls_per_replay} | {p.mode} |"
             )
         out.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return 0
