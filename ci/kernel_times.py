@@ -8,7 +8,14 @@ program's dependent chain, a second kernel, a launch): the kernels say which.
 Points: the IEEE fp32 router 256x4096 at M = 1 and 8 (cuBLAS fp32, TF32 off), topk fp32 8192
 columns k 512 / 2048 at 1 and 64 rows (torch.topk), log_softmax bf16 32000 at 16 and 64 rows,
 mean bf16 4096 and 151936 columns at 1 row, rms_norm bf16 7168 at 1024 rows, fp8_gemm
-per-tensor 4096^2 at M = 1 (torch._scaled_mm), matmul bf16 4096x2048 at M = 1 (cuBLAS).
+per-tensor 4096^2 at M = 1 (torch._scaled_mm), matmul bf16 4096x2048 at M = 1 (cuBLAS); and the
+three misses of BENCHMARKS that had no measured reason (2026-12-07): the bf16 router's fp32
+logits 256x7168 at M = 4096 (cuBLAS bf16 then cast; cuBLAS writing fp32), fp8_gemm per-token
+scales at prefill (4096^2 at M = 4096, 14336x4096 at M = 512; torch._scaled_mm), decode
+attention Hq 32 Hkv 8 D 128 page 16 at R = 1 / 1k and R = 8 / 8k (the batch-planned split),
+each point built as the outside kit builds it.
+
+    python ci/kernel_times.py OUT_DIR [NAME_PREFIX ...]   # only the points whose name starts so
 """
 
 from __future__ import annotations
@@ -103,6 +110,7 @@ def _points() -> list[tuple[str, dict[str, Callable[[], Any]]]]:
             },
         )
     )
+    points += _unexplained_misses()
     wb = _randn(4096, 2048, scale=0.02)
     xb = _randn(1, 2048)
     points.append(
@@ -111,6 +119,72 @@ def _points() -> list[tuple[str, dict[str, Callable[[], Any]]]]:
             {"batchinv": lambda: matmul(xb, wb), "cublas": lambda: F.linear(xb, wb)},
         )
     )
+    return points
+
+
+def _unexplained_misses() -> list[tuple[str, dict[str, Callable[[], Any]]]]:
+    """The router's fp32 logits at M = 4096, FP8 per-token prefill, decode attention at R = 1 and 8."""
+    import math
+
+    from batchinv.fast.baselines.decode_attention import batch_planned_splits
+    from batchinv.fast.decode_attention import decode_attention
+    from batchinv.fast.fp8_gemm import fp8_gemm
+    from batchinv.fast.matmul import matmul
+
+    points: list[tuple[str, dict[str, Callable[[], Any]]]] = []
+    wr = _randn(256, 7168, scale=0.02)
+    xr = _randn(4096, 7168)
+    points.append(
+        (
+            "router bf16 -> fp32 logits 256x7168 M=4096",
+            {
+                "batchinv": lambda: matmul(xr, wr, out_dtype=torch.float32),
+                "cublas_then_cast": lambda: F.linear(xr, wr).float(),
+                "cublas_mm_out_fp32": lambda: torch.mm(xr, wr.t(), out_dtype=torch.float32),
+            },
+        )
+    )
+    f8 = torch.float8_e4m3fn
+    for n, k, m in ((4096, 4096, 4096), (14336, 4096, 512)):
+        w8 = _randn(n, k, dtype=torch.float32).to(f8)
+        x8 = _randn(m, k, dtype=torch.float32).to(f8)
+        ws = torch.rand(n, 1, device=DEVICE) * 0.01 + 0.005
+        xs = torch.rand(m, 1, device=DEVICE) * 0.02 + 0.01
+        points.append(
+            (
+                f"fp8_gemm per-token {n}x{k} M={m}",
+                {
+                    "batchinv": lambda x8=x8, w8=w8, xs=xs, ws=ws: fp8_gemm(
+                        x8, w8, xs, ws, scale_layout="token"
+                    ),
+                    "torch._scaled_mm": lambda x8=x8, w8=w8, xs=xs, ws=ws: torch._scaled_mm(
+                        x8, w8.t(), xs, ws.reshape(1, -1), out_dtype=torch.bfloat16
+                    ),
+                },
+            )
+        )
+    hq, hkv, d, page = 32, 8, 128, 16
+    for r, ctx_len in ((1, 1024), (8, 8192)):
+        need = -(-ctx_len // page)
+        pool_pages = r * need + 1
+        k_cache = _randn(pool_pages, page, hkv, d)
+        v_cache = _randn(pool_pages, page, hkv, d)
+        table = torch.full((r, need + 1), -1, dtype=torch.int32)
+        table[:, :need] = torch.randperm(pool_pages)[: r * need].view(r, need).to(torch.int32)
+        table = table.to(DEVICE)
+        lens = torch.full((r,), ctx_len, dtype=torch.int32, device=DEVICE)
+        q = _randn(r, 1, hq, d)
+        scale = 1.0 / math.sqrt(d)
+        args = (q, k_cache, v_cache, table, lens, scale)
+        points.append(
+            (
+                f"decode_attention Hq32 Hkv8 D128 page16 R={r} ctx={ctx_len}",
+                {
+                    "batchinv": lambda args=args: decode_attention(*args),
+                    "batch_planned_splits": lambda args=args: batch_planned_splits(*args),
+                },
+            )
+        )
     return points
 
 
@@ -134,15 +208,18 @@ def _kernels(fn: Callable[[], Any]) -> list[tuple[str, float]]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    if not argv:
         print(__doc__)
         return 2
     out = Path(argv[0])
+    prefixes = tuple(argv[1:])
     out.mkdir(parents=True, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     lines = [f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}"]
     rows: list[dict[str, Any]] = []
     for name, impls in _points():
+        if prefixes and not name.startswith(prefixes):
+            continue
         lines.append(f"\n{name}")
         for impl, fn in impls.items():
             try:
