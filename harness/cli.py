@@ -334,7 +334,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     console.print(
         f"[bold]batchinv sweep[/] lane={lane.value} device={env['device']} torch={env['torch']} "
         f"triton={env['triton']} ftz={env['flushes_subnormal_result']} jobs={jobs} "
-        f"profile={selection.profile if selection.quick_on(lane) else 'full'}"
+        f"profile={selection.profile}"
         + (f" checks={','.join(c for c in CHECKS if c in selection.checks)}" if selection.checks else "")
     )
     for comp_name, found in subjects.items():
@@ -376,7 +376,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                     "jobs": jobs,
                     "max_m": args.max_m,
                     "timeout": _timeout(args, lane),
-                    "profile": selection.profile if selection.quick_on(lane) else "full",
+                    "profile": selection.profile,
                     "checks": sorted(selection.checks) if selection.checks else None,
                     "subjects": {c: [s.spec for s in found] for c, found in subjects.items()},
                 },

@@ -14,8 +14,14 @@ Two profiles, both read from the registry (never a hand list here):
   ``full``, the checks it is caught by (``Baseline.caught_by``) first: a control ends at its
   first detection, so any order of the same pairs gives the same verdict; the other
   baselines (pin candidates, controls not required on the lane) run on the quick cases, without
-  ``cross_process`` (its fresh processes cost seconds a case; ``full`` runs it).  On
-  GPU lanes ``quick`` is ``full`` (the full GPU sweep takes minutes there).
+  ``cross_process`` (its fresh processes cost seconds a case; ``full`` runs it).  On GPU lanes
+  ``quick`` cuts no case of the fast kernel (nor of an outside subject checked like it) and no
+  pair of a required control: only the other baselines run on the quick cases without
+  ``cross_process``, as on the cpu lane.  Those baselines decide nothing (their verdicts are
+  information: "inconclusive", "detected", "varies"); over every GPU case they cost about 300 of
+  a cold sweep's 2700 check-seconds on the H200 (run 63), most of it in the ones that never vary
+  there (matmul's and grouped_gemm's other trees, prefill's dense SDPA, the sampler's tie sort)
+  and so run every case.  ``full`` runs them over every case.
 
 So the quick profile judges the same (component, check) pairs as the full one and detects the
 same required negative controls (tests/harness/test_profiles.py checks both from the registry).
@@ -108,8 +114,15 @@ class Selection:
                 )
 
     def quick_on(self, lane: Lane) -> bool:
-        """Whether this selection cuts cases on ``lane`` (the quick profile, cpu lane)."""
+        """Whether this selection cuts the fast kernel's cases on ``lane`` (the quick profile, cpu lane)."""
         return self.profile == "quick" and not lane.is_gpu
+
+    @property
+    def cuts_informational_baselines(self) -> bool:
+        """Whether the baselines that decide nothing on a lane (pin candidates, controls not
+        required there) run on the quick cases only, without ``cross_process``: the quick
+        profile, on every lane."""
+        return self.profile == "quick"
 
     def _keep(self, checks: Iterable[str]) -> tuple[str, ...]:
         return tuple(c for c in checks if self.checks is None or c in self.checks)
@@ -163,13 +176,15 @@ class Selection:
         profile: the pytest controls and the GPU sweep too).  The one exception: a control also
         ends at its first crash or timeout, so where a pair crashes the order decides whether the
         control meets the crash or a detection first (as in the quick profile before).  Under the
-        quick profile a control not required on the lane leaves out ``cross_process`` (it runs the
-        quick cases only)."""
+        quick profile (every lane) a control not required on the lane leaves out ``cross_process``
+        (it runs the quick cases only)."""
         checks = self.control_checks(comp, baseline)
         pairs = [(ch, i) for i in self.control_cases(comp, baseline, lane) for ch in checks]
         if baseline is None or baseline.is_pin_candidate:
             return tuple(pairs)
-        if self.quick_on(lane) and lane not in baseline.expected_to_vary_on:  # no fresh processes
+        if (
+            self.cuts_informational_baselines and lane not in baseline.expected_to_vary_on
+        ):  # no fresh processes
             pairs = [p for p in pairs if p[0] not in PROCESS_CHECKS]
         first = set(baseline.caught_by) | ({"config_equivalence"} if baseline.config_control else set())
         return tuple(sorted(pairs, key=lambda p: p[0] not in first))  # stable: order kept within each
@@ -177,11 +192,11 @@ class Selection:
     def control_cases(self, comp: Component, baseline: Baseline | None, lane: Lane) -> tuple[int, ...]:
         """Indices into ``comp.cases(lane)`` a control runs over, in order: every case for a
         required negative control (``baseline`` None: an outside ``--as baseline`` subject, always
-        required), the quick cases for the other baselines under the quick profile."""
+        required), the quick cases for the other baselines under the quick profile (every lane)."""
         required = baseline is None or (
             not baseline.is_pin_candidate and lane in baseline.expected_to_vary_on
         )
-        if required or not self.quick_on(lane):
+        if required or not self.cuts_informational_baselines:
             return tuple(range(len(comp.cases(lane))))
         return quick_case_indices(comp, lane)
 

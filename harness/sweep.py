@@ -813,7 +813,7 @@ def run_sweep(
         compile=stats,
         jobs=jobs,
         not_on_lane=not_on_lane(components, lane),
-        profile=selection.profile if selection.quick_on(lane) else "full",
+        profile=selection.profile,
         checks_selected=tuple(sorted(selection.checks)) if selection.checks is not None else None,
         applicable={c.name: c.applicable_checks() for c in comps},
     )
