@@ -580,7 +580,7 @@ def _bench_section(bench: Mapping[str, Any]) -> str:
         out.append(f'<h3>{_e(comp)}</h3><div class="figure">{bench_svg(found, cases)}</div>')
         out.append(
             '<table class="bench"><tr><th>#</th><th>case</th><th>implementation</th><th>us/call</th>'
-            "<th>fast / baseline</th><th>floor us</th><th>of floor</th><th>mode</th></tr>"
+            "<th>fast / baseline</th><th>floor us</th><th>of floor</th><th>calls / replay</th><th>mode</th></tr>"
         )
         for p in found:
             us, floor = p.get("microseconds"), p.get("floor_microseconds")
@@ -589,7 +589,8 @@ def _bench_section(bench: Mapping[str, Any]) -> str:
             out.append(
                 f"<tr><td>{cases.index(str(p.get('case')))}</td><td>{_e(p.get('case'))}</td><td>{_e(p.get('implementation'))}</td>"
                 f"<td>{_num(us, '{:.1f}')}</td><td>{'-' if ratio is None else f'{ratio:.2f}x'}</td>"
-                f"<td>{_num(floor, '{:.1f}')}</td><td>{share}</td><td>{_e(p.get('mode'))}</td></tr>"
+                f"<td>{_num(floor, '{:.1f}')}</td><td>{share}</td>"
+                f"<td>{_e(p.get('calls_per_replay', '-'))}</td><td>{_e(p.get('mode'))}</td></tr>"
             )
         out.append("</table>")
     if not by_comp:

@@ -34,7 +34,9 @@ def test_a_time_that_is_not_a_finite_non_negative_number_is_refused(bad: float) 
         bench.calls_per_replay(bad)
 
 
-def test_the_case_count_follows_the_fastest_capturable_implementation(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_case_count_follows_the_fastest_capturable_implementation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     times = {"slow": 40.0, "fast": 12.5, "eager": None}
 
     def fake_captured(fn):
@@ -54,3 +56,20 @@ def test_the_case_count_follows_the_fastest_capturable_implementation(monkeypatc
 def test_time_call_refuses_a_count_below_one() -> None:
     with pytest.raises(ValueError, match="calls and reps: expected >= 1, got calls=0"):
         bench.time_call(lambda: None, 5, calls=0)
+
+
+def test_the_html_page_shows_each_points_calls_per_replay_and_a_dash_for_older_reports() -> None:
+    pytest.importorskip("matplotlib")
+    from batchinv.harness.html_report import _bench_section
+
+    def points(**extra: int) -> list[dict]:
+        common = {"component": "mean", "case": "c", "mode": "graph", "floor_microseconds": 1.0, **extra}
+        return [
+            {**common, "implementation": "fast", "microseconds": 2.5, "ratio_to_fast": None},
+            {**common, "implementation": "torch_native", "microseconds": 2.0, "ratio_to_fast": 1.25},
+        ]
+
+    page = _bench_section({"environment": {}, "points": points(calls_per_replay=17)})
+    assert "<th>calls / replay</th>" in page and page.count("<td>17</td><td>graph</td>") == 2
+    older = _bench_section({"environment": {}, "points": points()})
+    assert older.count("<td>-</td><td>graph</td>") == 2  # reports from before the count was recorded
