@@ -2,7 +2,9 @@
 # Both bootstrap a local .venv from pyproject.toml the first time.  On the cpu lane `make sweep`
 # runs the quick profile (every check and every required negative control, the fast kernel on a
 # few cases per component: minutes); `make sweep-full` runs every case (about an hour on 2 cores).
-# On GPU lanes both run every case.
+# On GPU lanes both run every case of the fast kernels and of the required negative controls;
+# `make sweep` runs the baselines that decide nothing there (pin candidates, controls not
+# required on the lane) on their quick cases only, `make sweep-full` on every case.
 #
 # On a machine whose python already has a CUDA torch and triton (the H200 image), skip the venv:
 #   make sweep PY=python3        (installs batchinv into that python with --no-deps first)

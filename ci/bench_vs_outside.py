@@ -5,7 +5,7 @@ the outside kit's ``side_by_side3.py --out sbs.jsonl`` (``../shared/tools``) by 
 shape, and compares the two ratios of the pinned kernel to the production path:
 
 * bench: ``fast`` microseconds / the production baseline's, both from the bench report (the same
-  calls per replay for every implementation of a case, sized as the kit sizes them:
+  calls per replay for every implementation of a case, by the kit's rule from the fastest:
   ``batchinv.harness.bench.case_calls_per_replay``);
 * outside: the script's own ``ratio`` of batchinv to its production path.
 

@@ -13,7 +13,8 @@ three misses of BENCHMARKS that had no measured reason (2026-12-07): the bf16 ro
 logits 256x7168 at M = 4096 (cuBLAS bf16 then cast; cuBLAS writing fp32), fp8_gemm per-token
 scales at prefill (4096^2 at M = 4096, 14336x4096 at M = 512; torch._scaled_mm), decode
 attention Hq 32 Hkv 8 D 128 page 16 at R = 1 / 1k and R = 8 / 8k (the batch-planned split),
-each point built as the outside kit builds it.
+each point built as the outside kit builds it (decode attention's pool too: 34 GB of K and V).
+Every point's operands are built before the selection below applies.
 
     python ci/kernel_times.py OUT_DIR [NAME_PREFIX ...]   # only the points whose name starts so
 """
@@ -164,11 +165,13 @@ def _unexplained_misses() -> list[tuple[str, dict[str, Callable[[], Any]]]]:
             )
         )
     hq, hkv, d, page = 32, 8, 128, 16
+    # the kit's one pool for every decode point: its largest point's pages (R 256 x 32k) + 1, so
+    # each request's pages are scattered over 17 GB of K (and of V) as there: 34 GB in all
+    pool_pages = 256 * -(-32768 // page) + 1
+    k_cache = _randn(pool_pages, page, hkv, d)
+    v_cache = _randn(pool_pages, page, hkv, d)
     for r, ctx_len in ((1, 1024), (8, 8192)):
         need = -(-ctx_len // page)
-        pool_pages = r * need + 1
-        k_cache = _randn(pool_pages, page, hkv, d)
-        v_cache = _randn(pool_pages, page, hkv, d)
         table = torch.full((r, need + 1), -1, dtype=torch.int32)
         table[:, :need] = torch.randperm(pool_pages)[: r * need].view(r, need).to(torch.int32)
         table = table.to(DEVICE)

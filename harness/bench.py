@@ -7,14 +7,18 @@ the median replay time over ``calls``.  An implementation that cannot be capture
 with the host, say) is timed eagerly the same way and marked ``eager``.  The ratio is
 fast / baseline: below 1 the fast kernel is quicker.
 
-Calls per replay: one count per case, the same for every implementation of that case (never
-compare times taken with different counts: a replay's own launch cost, several microseconds, is
-shared by its calls).  It is sized as the outside measurement sizes it (``side_by_side3.py`` in
-the project's tools, issue 26): from the *device* time of one captured call, never from an eager
-call, whose host cost would give a launcher with a slow host path fewer calls and leave it the
-replay's launch cost alone; ``calls_per_replay`` of the fastest implementation's time, so each
-replay holds about :data:`REPLAY_DEVICE_US` of that implementation's work, 1 to
-:data:`MAX_CALLS_PER_REPLAY` calls.  The count is in every point and in the report.
+Calls per replay: one count per case, the same for every implementation of that case (issue 26:
+never compare times taken with different counts; a replay's own launch cost, several
+microseconds, is shared by its calls).  It follows the outside measurement's rule
+(``side_by_side3.py`` in the project's tools): from the *device* time of one captured call, never
+from an eager call, whose host cost would give a launcher with a slow host path fewer calls and
+leave it the replay's launch cost alone; about :data:`REPLAY_DEVICE_US` of work a replay, 1 to
+:data:`MAX_CALLS_PER_REPLAY` calls.  Where the kit sizes each implementation by its own time,
+bench takes the fastest implementation's for all of them: the two tools hold the same count
+wherever the implementations' times give the same count (every point under 10 us, and where
+they are within a few percent), and bench more calls for a much slower implementation (fast
+10 us, a baseline 60 us: 20 calls in bench, 3 in the kit, whose replays then carry a larger
+share of launch cost).  The count is in every point and in the report.
 
 Caveat, stated in every report: operands are not rotated, so a case whose operands fit in L2
 (50 MB on an H200) is timed warm for every implementation alike.
@@ -27,7 +31,7 @@ import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +61,8 @@ class BenchPoint:
     mode: str  # "graph" or "eager"
     ratio_to_fast: float | None = None
     floor_microseconds: float | None = None  # bench_bytes / COPY_BYTES_PER_S, or flops / rate if larger
-    calls_per_replay: int = DEFAULT_CALLS_PER_REPLAY  # the case's count, every implementation alike
+    #: the case's calls per replay, every implementation alike (:func:`case_calls_per_replay`)
+    calls_per_replay: int = field(kw_only=True)
 
     @property
     def share_of_floor(self) -> float | None:
@@ -169,12 +174,15 @@ def time_call(fn: Callable[[], Any], reps: int, calls: int = DEFAULT_CALLS_PER_R
 def case_calls_per_replay(fns: Sequence[Callable[[], Any]]) -> int:
     """One count for every implementation of a case: :func:`calls_per_replay` of the fastest
     captured call among ``fns`` (:data:`DEFAULT_CALLS_PER_REPLAY` if none can be captured)."""
+    import torch
+
     times = []
     for fn in fns:
         try:
             us = captured_call_microseconds(fn)
         except Exception:  # an implementation that fails is reported by its timing, not here
             us = None
+            _release(torch)  # what it left (an out-of-memory's blocks) is not the next one's
         if us is not None:
             times.append(us)
     return calls_per_replay(min(times)) if times else DEFAULT_CALLS_PER_REPLAY
@@ -215,7 +223,7 @@ def bench_component(component: Any, lane: Lane, reps: int) -> list[BenchPoint]:
             if name == "fast":
                 fast_us = us
             ratio = None if fast_us is None or name == "fast" else fast_us / us
-            point = BenchPoint(component.name, case.id, name, us, mode, ratio, floor, calls)
+            point = BenchPoint(component.name, case.id, name, us, mode, ratio, floor, calls_per_replay=calls)
             points.append(point)
             print(_point_line(point), flush=True)  # as it goes: a later crash keeps what was timed
         del batch, kwargs

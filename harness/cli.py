@@ -660,8 +660,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_PROFILE,
         help=(
             "which cases: 'quick' (default; on the cpu lane the fast kernel runs every check on the "
-            "component's quick cases, every required negative control runs as in full), or 'full' "
-            "(every case; GPU lanes always run full)"
+            "component's quick cases; on every lane every required negative control runs as in full "
+            "and the baselines that decide nothing there run on the quick cases without "
+            "cross_process; GPU lanes keep every case of the fast kernel), or 'full' (every case of "
+            "every subject)"
         ),
     )
     p.add_argument(

@@ -162,7 +162,8 @@ class SweepOutcome:
     #: Components asked for whose ``lanes`` exclude the sweep's lane: not run, reported as such
     #: ("not run on this lane"), never a pass nor a failure.  Each entry: (name, its lanes).
     not_on_lane: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
-    #: the profile the sweep ran (``quick`` cuts cases on the cpu lane only; else ``full``)
+    #: the profile the sweep ran (``quick``: the fast kernel's cases cut on the cpu lane, the
+    #: informational baselines' on every lane; ``full``: every case)
     profile: str = "full"
     #: the checks selected (``--checks``), None: every applicable check
     checks_selected: tuple[str, ...] | None = None

@@ -44,10 +44,13 @@ def test_the_case_count_follows_the_fastest_capturable_implementation(
             raise RuntimeError("the implementation fails: its timing reports it")
         return times[fn]
 
+    released: list[object] = []
     monkeypatch.setattr(bench, "captured_call_microseconds", fake_captured)
+    monkeypatch.setattr(bench, "_release", released.append)  # no device here to give memory back to
     # 12.5 us is the fastest: 200 // 12.5 = 16 calls for every implementation of the case (the
     # slow one alone would get 5)
     assert bench.case_calls_per_replay(["slow", "fast", "eager", "raises"]) == 16
+    assert len(released) == 1  # the failing one's leftovers given back before the next
     assert bench.case_calls_per_replay(["slow"]) == 5
     # nothing capturable: the default count
     assert bench.case_calls_per_replay(["eager", "raises"]) == bench.DEFAULT_CALLS_PER_REPLAY
