@@ -151,7 +151,12 @@ class Child:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 stamp, line = self._lines.get(timeout=wait)
+                # a line stamped past the deadline came from a child already past its limit: the
+                # same verdict whenever this waits (a parent that waits late finds it queued)
+                late = deadline is not None and stamp > deadline
             except queue.Empty:
+                late = True
+            if late:
                 limit = self.call_limit if in_call else self.startup_limit
                 what = "a call of the subject" if in_call else "its start (imports, the case's build)"
                 killed = f"killed: {what} ran past the limit of {limit:g} s in the child process"
