@@ -49,6 +49,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -303,6 +305,7 @@ def start(
                 "threads": torch.get_num_threads(),
                 "allocation": k * ALLOCATION_STEP,
                 "outputs": str(outputs),
+                "parent_pid": os.getpid(),
             }
             spec_path = work / "spec.json"
             spec_path.write_text(json.dumps(child_spec), encoding="utf-8")
@@ -346,10 +349,35 @@ def _last_line(exc: BaseException) -> str:
     return traceback.format_exception_only(type(exc), exc)[-1].strip()
 
 
+#: Seconds between a child's looks at whether its parent still runs (:func:`exit_with_parent`).
+PARENT_POLL_S = 0.5
+
+
+def exit_with_parent(parent_pid: int, folder: Path) -> threading.Thread:
+    """Watch, from a daemon thread, that the process ``parent_pid`` is still this child's parent;
+    when it is not (the parent was killed: a sweep worker past its watchdog, or ended by SIGTERM
+    without running its ``finally``), remove the check's ``folder`` (the children's outputs and
+    Triton caches) and end this process at once (exit status 3): an orphan would go on building
+    its case on the device beside the worker that replaces its parent."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        shutil.rmtree(folder, ignore_errors=True)
+        os._exit(3)
+
+    thread = threading.Thread(target=watch, name="batchinv-exit-with-parent", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str]) -> int:
     """A child: read the spec file ``argv[0]``, enter its lane, rebuild the case, run the
-    subject once and send the outputs (events of :mod:`batchinv.harness.child_process`)."""
+    subject once and send the outputs (events of :mod:`batchinv.harness.child_process`); it
+    ends with its parent (:func:`exit_with_parent`)."""
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    if spec.get("parent_pid") is not None:  # the check's folder: the parent of this child's own
+        exit_with_parent(int(spec["parent_pid"]), Path(spec["outputs"]).parent.parent)
     lane = Lane(spec["lane"])
     enter_lane(lane)  # before anything imports triton (the environment has it too)
     try:

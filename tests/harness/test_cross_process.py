@@ -344,3 +344,53 @@ def test_the_childs_start_up_is_bounded_by_the_call_limit():
     assert startup_limit(5.0) == STARTUP_FLOOR == 60.0
     assert startup_limit(30.0) == 120.0
     assert startup_limit(300.0) == STARTUP_LIMIT
+
+
+_PARENT_KILLED_AFTER_START = """
+import json, os, sys
+os.environ["CROSS_PROCESS_TEST_PARENT"] = str(os.getpid())  # the planted subject hangs in the children
+from batchinv.harness.lanes import Lane, enter_lane
+enter_lane(Lane.CPU)
+import torch
+from batchinv.harness import cross_process
+from batchinv.harness.registry import get
+from batchinv.harness.subjects import Subject
+mean = get("mean")
+subject = Subject("hangs", "cross_process_subjects:hangs_without_alarm_in_child", role="fast")
+spec = cross_process.subject_spec(mean, subject)
+children = cross_process.start(mean, spec, mean.cases(Lane.CPU)[0], Lane.CPU, torch.device("cpu"), None)
+print(json.dumps({"pids": [c.proc.pid for _, c, _ in children.children], "folder": children.folder}), flush=True)
+os.kill(os.getpid(), 9)  # a worker killed by the sweep's watchdog: no finally, no close()
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as status:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in status)
+    except FileNotFoundError:
+        return False
+
+
+def test_children_end_with_their_parent_and_take_the_check_s_folder_with_them():
+    """A parent killed with its children running leaves no orphan and no folder behind.  (Their
+    next event line to the dead pipe would end them too, so the orphan's life is the part before
+    it -- on a GPU, the case's build and compiling into an empty cache -- and the folder, with
+    those caches, stayed: without the watch this fails on the folder.)"""
+    import time
+
+    done = subprocess.run(
+        [sys.executable, "-c", _PARENT_KILLED_AFTER_START],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -9, done.stderr[-2000:]
+    started = json.loads(done.stdout.strip().splitlines()[-1])
+    assert started["pids"]
+    deadline = time.monotonic() + 60  # their imports first (seconds on a loaded machine), then 0.5 s polls
+    while time.monotonic() < deadline and any(_running(pid) for pid in started["pids"]):
+        time.sleep(0.2)
+    assert not any(_running(pid) for pid in started["pids"])
+    assert not os.path.exists(started["folder"])
