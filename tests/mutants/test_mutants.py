@@ -5,9 +5,12 @@ checks it is expected to fail (the others would only add minutes) on the compone
 case list, case by case, as the sweep runs a case (:func:`batchinv.harness.checks.run_check`
 on the component restricted to those checks).  Those checks must fail -- failures, never crashes
 (a crash is an error row, not a detection) -- on every case its ``every_case`` names and on as
-many cases and neighbour mixes as ``independent`` asks; the run stops at the first case after
+many cases and neighbour mixes as ``independent`` asks.  The cases ``every_case`` names run
+first, then the others in the case list's order, and the run stops at the first case after
 which all of that holds (the cases after it could only add catches -- or a crash, which the
-sweep reports as an error row; a timeout is never a catch here).  The shipped kernels pass
+sweep reports as an error row; a timeout is never a catch here): every requirement is met by
+failures alone, so the order cannot change the verdict, only how many cases run before it
+(the cases that must fail are run whatever the order).  The shipped kernels pass
 the same checks on every case (``tests/components/test_components.py::test_fast``: every
 applicable check on every cpu case), so each mutant is caught for the planted reason.
 """
@@ -80,9 +83,12 @@ def _caught(mutant: Mutant, failures: Sequence[CheckResult], wanted_left: int) -
 def test_the_cpu_sweep_catches_the_mutant(mutant: Mutant) -> None:
     component = get(mutant.component)
     restricted = _restricted(component, mutant.build(), mutant.caught_by, mutant.replaces)
-    cases = component.cases(Lane.CPU)
-    wanted = [c for c in cases if mutant.every_case(c)] if mutant.every_case is not None else []
+    listed = component.cases(Lane.CPU)
+    wanted = [c for c in listed if mutant.every_case(c)] if mutant.every_case is not None else []
     assert mutant.every_case is None or wanted, f"{mutant.name}: no cpu case of the kind it must fail on"
+    # the cases that must fail first: they run in any order, and the others only until the
+    # requirements hold (a decode mutant's three order-exact cases are the last of eleven)
+    cases = [*wanted, *(c for c in listed if c not in wanted)]
     failures: list[CheckResult] = []
     for i, case in enumerate(cases):
         for check in mutant.caught_by:  # stateless subjects: the order of the checks is free
