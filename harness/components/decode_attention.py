@@ -729,6 +729,7 @@ COMPONENT = Component(
             baselines.batch_planned_splits,
             "the flash-decoding heuristic: the number of KV splits fills the SMs given R x Hkv, so a "
             "request's split boundaries and merge order change with the other requests",
+            caught_by=("co_batch",),  # a request's splits follow its co-batch: the check of its why
         ),
         Baseline(
             "sdpa_padded",
