@@ -6,7 +6,7 @@ case list, case by case, as the sweep runs a case (:func:`batchinv.harness.check
 on the component restricted to those checks).  Those checks must fail -- failures, never crashes
 (a crash is an error row, not a detection) -- on every case its ``every_case`` names and on as
 many cases and neighbour mixes as ``independent`` asks.  The cases ``every_case`` names run
-first, then the others in the case list's order, and the run stops at the first case after
+first, then those ``try_first`` names, then the others in the case list's order, and the run stops at the first case after
 which all of that holds (the cases after it could only add catches -- or a crash, which the
 sweep reports as an error row; a timeout is never a catch here): every requirement is met by
 failures alone, so the order cannot change the verdict, only how many cases run before it
@@ -87,8 +87,10 @@ def test_the_cpu_sweep_catches_the_mutant(mutant: Mutant) -> None:
     wanted = [c for c in listed if mutant.every_case(c)] if mutant.every_case is not None else []
     assert mutant.every_case is None or wanted, f"{mutant.name}: no cpu case of the kind it must fail on"
     # the cases that must fail first: they run in any order, and the others only until the
-    # requirements hold (a decode mutant's three order-exact cases are the last of eleven)
-    cases = [*wanted, *(c for c in listed if c not in wanted)]
+    # requirements hold (a decode mutant's three order-exact cases are the last of eleven);
+    # then the cases known to catch it cheaply (try_first), then the rest in the list's order
+    first = [c for c in listed if c not in wanted and mutant.try_first is not None and mutant.try_first(c)]
+    cases = [*wanted, *first, *(c for c in listed if c not in wanted and c not in first)]
     failures: list[CheckResult] = []
     for i, case in enumerate(cases):
         for check in mutant.caught_by:  # stateless subjects: the order of the checks is free
