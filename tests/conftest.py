@@ -39,5 +39,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         suffix = _group_suffix(item)
         if suffix is not None and not item.nodeid.endswith(suffix):
-            item._id = NodeId.parse(item.nodeid + suffix)  # type: ignore[attr-defined]
+            try:
+                item._id = NodeId.parse(item.nodeid + suffix)  # type: ignore[attr-defined]
+            except Exception:  # a private API that moved: grouping lost (time), never a failure
+                return result
     return result
