@@ -290,8 +290,17 @@ def test_bench_and_audit_say_they_cannot_run_on_the_cpu_lane(capsys):
     assert code == 3 and "needs a GPU lane" in err
 
 
+def _interruptible() -> None:
+    """In the child before it execs: SIGINT to its default action.  A process started in the
+    background by a shell without job control (``cmd &`` in a script) ignores SIGINT, its
+    children inherit that, and Python installs its Ctrl-C handler only where SIGINT is not
+    ignored at start: the sweep under test would take a terminal's Ctrl-C for nothing and end OK."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _sweep_process(component: str, report: Path, *, new_session: bool = False) -> subprocess.Popen[str]:
-    """``batchinv sweep COMPONENT --lane cpu --jobs 2`` in a child process, its output piped."""
+    """``batchinv sweep COMPONENT --lane cpu --jobs 2`` in a child process, its output piped,
+    Ctrl-C at its default whatever this process inherited (:func:`_interruptible`)."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -314,6 +323,7 @@ def _sweep_process(component: str, report: Path, *, new_session: bool = False) -
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         start_new_session=new_session,
+        preexec_fn=_interruptible,
     )
 
 
