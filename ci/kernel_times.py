@@ -37,6 +37,10 @@ DEVICE = "cuda"
 
 
 def _randn(*shape: int, dtype: torch.dtype = torch.bfloat16, scale: float = 1.0) -> torch.Tensor:
+    if (
+        dtype.is_floating_point and dtype.itemsize >= 2
+    ):  # drawn in its own dtype: no fp32 copy of a 17 GB pool
+        return torch.randn(*shape, device=DEVICE, dtype=dtype).mul_(scale)
     return (torch.randn(*shape, device=DEVICE) * scale).to(dtype)
 
 
