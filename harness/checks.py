@@ -10,6 +10,7 @@ processes through :mod:`batchinv.harness.child_process`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -796,19 +797,70 @@ def _tp_degree(run: _Run) -> invariance.DriverResult | None:
     return invariance.tp_degree(call_with, run.batch, degrees(run.batch))
 
 
+def _cross_process_spec(
+    component: Component, subject: SubjectLike, case: Case, lane: Lane
+) -> dict[str, Any] | str:
+    """The subject's spec for ``cross_process``'s children on ``case``, or why the check skips
+    there (the case is not among the component's first on the lane, or a fresh process cannot
+    rebuild the subject)."""
+    reason = cross_process.case_skip_reason(_case_index(component, case, lane), lane)
+    return reason if reason else cross_process.subject_spec(component, subject)
+
+
+#: ``cross_process``'s children started ahead of their check by :func:`cross_process_started_early`,
+#: by (component, subject, case id): the check takes them from here instead of starting its own.
+_STARTED_EARLY: dict[tuple[str, str, str], cross_process.Children] = {}
+
+
+@contextlib.contextmanager
+def cross_process_started_early(
+    component: Component, subject: SubjectLike, case: Case, lane: Lane, *, timeout: float | None = None
+) -> Iterator[None]:
+    """Start ``cross_process``'s fresh processes for ``subject`` on ``case`` on entry, so that they
+    import, compile into their empty caches and run the case while this process runs the case's
+    other checks; the check, when it comes inside the block, waits for those children instead of
+    starting its own.  The same processes (seeds, empty caches, shifted allocations, the call
+    limit of ``timeout`` as :func:`run_check` takes it), the same comparison, the same verdict:
+    only when they run changes (a sweep's GPU workers: the children's compiling on the CPUs
+    beside the parent's checks on the GPU).  Nothing starts where the check would skip.  On exit
+    the children the check did not take are killed and their folder removed.
+
+    A start that fails here (``OSError``, a CUDA error) starts nothing: the check tries again
+    itself when its turn comes and its row reports the failure, as without the early start.
+    """
+    key = (component.name, subject_name(subject), case.id)
+    spec = _cross_process_spec(component, subject, case, lane)
+    if isinstance(spec, str) or key in _STARTED_EARLY:
+        yield
+        return
+    try:
+        device = torch.device(lane_device(lane))
+        children = cross_process.start(component, spec, case, lane, device, _limit(lane, timeout))
+    except Exception:  # the check starts its own then, and its row reports the failure
+        yield
+        return
+    _STARTED_EARLY[key] = children
+    try:
+        yield
+    finally:
+        if _STARTED_EARLY.get(key) is children:
+            del _STARTED_EARLY[key]
+        children.close()
+
+
 def _cross_process(run: _Run) -> invariance.DriverResult | None:
     """cross_process: the case rebuilt in fresh processes (:mod:`batchinv.harness.cross_process`:
     one per seed of ``CHILD_HASH_SEEDS``, empty Triton caches, the subject's time limit) gives
     this process's bits, over every output.  On the cpu lane the component's first case, on GPU
     lanes its first two (``case_skip_reason``; a case outside the list runs); a subject or
-    component a fresh process cannot rebuild is a skip saying why."""
-    index = _case_index(run.component, run.case, run.lane)
-    reason = cross_process.case_skip_reason(index, run.lane)
-    spec = cross_process.subject_spec(run.component, run.subject) if not reason else reason
+    component a fresh process cannot rebuild is a skip saying why.  Children started ahead by
+    :func:`cross_process_started_early` are taken over instead of starting new ones."""
+    spec = _cross_process_spec(run.component, run.subject, run.case, run.lane)
     if isinstance(spec, str):
         run.skip(spec)
         return None
-    children = cross_process.start(run.component, spec, run.case, run.lane, run.device, run.limit)
+    early = _STARTED_EARLY.pop((run.component.name, subject_name(run.subject), run.case.id), None)
+    children = early or cross_process.start(run.component, spec, run.case, run.lane, run.device, run.limit)
     try:
         return invariance.cross_process(run.call, run.batch, children.outputs)
     finally:

@@ -27,6 +27,7 @@ verdicts do not depend on ``jobs``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -34,6 +35,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from multiprocessing import get_context
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for
@@ -49,6 +51,7 @@ from batchinv.harness.checks import (
     _limit,
     _new_result,
     control_results,
+    cross_process_started_early,
     run_check,
     run_checks,
     subject_name,
@@ -294,11 +297,16 @@ def _units(
     controls first (a control runs its cases one after another, the longest chains), then each
     case of the fast kernel and of each outside subject checked like it.
 
-    ``interleave`` (a GPU lane's worker pool): the components' lists taken one unit of each in
-    turn instead, so the workers that start together run different components and compile
-    different kernels.  In component order a cold pool's twelve workers all began on the first
-    component's cases and compiled its kernels side by side, each before any had written the
-    shared disk cache (run 59: topk, 669 s of a 3047 s sweep)."""
+    ``interleave`` (a GPU lane's worker pool): the components' lists merged instead, each spread
+    evenly over the whole sweep: unit ``i`` of a component of ``n`` units at ``i / n`` of the way
+    (ties in component order), so the first units are one of each component.  In component order
+    a cold pool's twelve workers all began on the first component's cases and compiled its
+    kernels side by side, each before any had written the shared disk cache (run 59: topk, 669 s
+    of a 3047 s sweep).  One unit of each in turn (runs 61-68) left the components with the most
+    units -- the attention components, topk, matmul, whose checks are the GPU's heavy work -- to
+    the end, alone: a cold sweep's first half was bound by the CPUs compiling (GPU 16-45% busy),
+    its second by the GPU (75-99%; ``ci/sample_load.sh``, runs 67-68).  Spread evenly, the GPU's
+    work runs beside the compiling."""
     by_component: list[list[Unit]] = []
     outside = {c.name: list((subjects or {}).get(c.name, ())) for c in components}
     for c in components:
@@ -321,21 +329,45 @@ def _units(
         ]
     if not interleave:
         return [u for units in by_component for u in units]
-    longest = max((len(units) for units in by_component), default=0)
-    return [units[i] for i in range(longest) for units in by_component if i < len(units)]
+    placed = [
+        (Fraction(i, len(units)), c, u) for c, units in enumerate(by_component) for i, u in enumerate(units)
+    ]
+    return [u for _, _, u in sorted(placed, key=lambda p: (p[0], p[1]))]
 
 
 def run_unit(
-    comp: Component, unit: Unit, lane: Lane, m_limit: int | None, timeout: float | None = None
+    comp: Component,
+    unit: Unit,
+    lane: Lane,
+    m_limit: int | None,
+    timeout: float | None = None,
+    *,
+    early_cross_process: bool | None = None,
 ) -> list[CheckResult]:
     """The results of one unit, in order (a control ends at its first detection, crash or
-    timeout).  ``timeout``: the limit on one subject call (see :func:`run_check`)."""
+    timeout).  ``timeout``: the limit on one subject call (see :func:`run_check`).
+
+    ``early_cross_process`` (None: on GPU lanes): a case's unit whose checks include
+    ``cross_process`` starts that check's fresh processes first
+    (:func:`~batchinv.harness.checks.cross_process_started_early`), so that their start-up and
+    compiling, seconds of CPU each, run beside the case's other checks instead of after them;
+    the rows are the same.  The cpu lane runs them in turn (the interpreter's children and the
+    checks would share the same few cores)."""
     subject = unit.subject.loaded() if isinstance(unit.subject, Subject) else unit.subject
     all_cases = comp.cases(lane)
     if unit.case_index is not None:
         case = all_cases[unit.case_index]
         checks = unit.checks if unit.checks is not None else comp.applicable_checks()
-        return [run_check(comp, subject, ch, case, lane, m_limit=m_limit, timeout=timeout) for ch in checks]
+        early = lane.is_gpu if early_cross_process is None else early_cross_process
+        started = (
+            cross_process_started_early(comp, subject, case, lane, timeout=timeout)
+            if early and "cross_process" in checks
+            else contextlib.nullcontext()
+        )
+        with started:
+            return [
+                run_check(comp, subject, ch, case, lane, m_limit=m_limit, timeout=timeout) for ch in checks
+            ]
     pairs = None if unit.pairs is None else [(ch, all_cases[i]) for ch, i in unit.pairs]
     if isinstance(subject, Subject):
         return list(control_results(comp, subject, lane, m_limit=m_limit, timeout=timeout, pairs=pairs))

@@ -394,3 +394,112 @@ def test_children_end_with_their_parent_and_take_the_check_s_folder_with_them():
         time.sleep(0.2)
     assert not any(_running(pid) for pid in started["pids"])
     assert not os.path.exists(started["folder"])
+
+
+# --- the children started ahead of their check (a GPU sweep's units) ---------------------------
+
+
+def _record_order(monkeypatch):
+    """Each ``cross_process.start`` and each check's start, in the order they happen."""
+    from batchinv.harness import sweep
+
+    events: list[str] = []
+    real_start, real_run_check = cross_process.start, sweep.run_check
+
+    def start(*args, **kwargs):
+        events.append("children started")
+        return real_start(*args, **kwargs)
+
+    def run_check_recorded(comp, subject, check, *args, **kwargs):
+        events.append(check)
+        return real_run_check(comp, subject, check, *args, **kwargs)
+
+    monkeypatch.setattr(cross_process, "start", start)
+    monkeypatch.setattr(sweep, "run_check", run_check_recorded)
+    return events
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_a_unit_starts_the_children_first_and_the_check_waits_for_those(monkeypatch, early):
+    from batchinv.harness import checks
+    from batchinv.harness.sweep import Unit, run_unit
+
+    events = _record_order(monkeypatch)
+    unit = Unit("mean", FAST, case_index=0, checks=("repeat", "cross_process"))
+    rows = run_unit(MEAN, unit, Lane.CPU, None, early_cross_process=early)
+    assert [r.status for r in rows] == ["pass", "pass"], [r.detail for r in rows]
+    if early:  # one set of children, started before the first check, taken over by the check
+        assert events == ["children started", "repeat", "cross_process"]
+    else:
+        assert events == ["repeat", "cross_process", "children started"]
+    assert not checks._STARTED_EARLY
+
+
+def test_children_started_early_find_the_autotune_control(monkeypatch):
+    """The early children are the check's own (no second start; taken before the block ends):
+    the control only cross_process sees is found by them."""
+    from batchinv.harness import checks
+
+    starts: list[int] = []
+    real_start = cross_process.start
+
+    def start(*args, **kwargs):
+        starts.append(1)
+        return real_start(*args, **kwargs)
+
+    monkeypatch.setattr(cross_process, "start", start)
+    with checks.cross_process_started_early(MEAN, "autotune_hash_ties", CASE0, Lane.CPU):
+        assert len(starts) == 1 and len(checks._STARTED_EARLY) == 1
+        (found,) = control_results(MEAN, "autotune_hash_ties", Lane.CPU, pairs=[("cross_process", CASE0)])
+        assert not checks._STARTED_EARLY  # taken over by the check
+    assert len(starts) == 1
+    assert found.status == "fail", found.detail
+    assert found.where and all(w.startswith("fresh process PYTHONHASHSEED=") for w in found.where)
+
+
+def test_children_started_early_are_killed_when_the_unit_ends_before_the_check(monkeypatch):
+    from batchinv.harness import checks
+
+    started: list[cross_process.Children] = []
+    real_start = cross_process.start
+
+    def start(*args, **kwargs):
+        started.append(real_start(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(cross_process, "start", start)
+    with pytest.raises(KeyboardInterrupt), checks.cross_process_started_early(MEAN, FAST, CASE0, Lane.CPU):
+        assert len(checks._STARTED_EARLY) == 1
+        raise KeyboardInterrupt  # the user's Ctrl-C between two checks
+    assert not checks._STARTED_EARLY
+    (children,) = started
+    assert all(child.proc.poll() is not None for _, child, _ in children.children)
+    assert not os.path.exists(children.folder)
+
+
+def test_nothing_starts_early_where_the_check_skips(monkeypatch):
+    from batchinv.harness import checks
+
+    events = _record_order(monkeypatch)
+    later = MEAN.cases(Lane.CPU)[cross_process.CASES_CPU]  # past the cpu lane's first case
+    with checks.cross_process_started_early(MEAN, FAST, later, Lane.CPU):
+        assert not checks._STARTED_EARLY
+    assert events == []
+
+
+def test_an_early_start_that_fails_leaves_the_check_to_start_its_own(monkeypatch):
+    from batchinv.harness import checks
+
+    real_start, calls = cross_process.start, []
+
+    def start_fails_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("no room for the children's folder")
+        return real_start(*args, **kwargs)
+
+    monkeypatch.setattr(cross_process, "start", start_fails_once)
+    with checks.cross_process_started_early(MEAN, FAST, CASE0, Lane.CPU):
+        assert not checks._STARTED_EARLY
+        result = run_check(MEAN, FAST, "cross_process", CASE0, Lane.CPU)
+    assert len(calls) == 2 and result.status == "pass", result.detail

@@ -42,7 +42,7 @@ def test_component_order_keeps_each_component_together():
     ]
 
 
-def test_interleaved_order_takes_one_unit_of_each_component_in_turn():
+def test_interleaved_order_of_equal_components_takes_one_unit_of_each_in_turn():
     units = _units(_components(), Lane.CPU, include_baselines=True, interleave=True)
     assert _order(units) == [
         ("toy", None),
@@ -54,6 +54,30 @@ def test_interleaved_order_takes_one_unit_of_each_component_in_turn():
     ]
     # the same units, none lost or repeated
     assert sorted(map(str, _order(units))) == sorted(map(str, _order(_units(_components(), Lane.CPU, True))))
+
+
+def test_interleaved_order_spreads_a_component_of_many_units_over_the_whole_sweep():
+    """A component of many units (the attention components, whose checks are the GPU's heavy
+    work) is spread evenly, not left to the end alone: unit i of n at i / n of the way."""
+    many = dataclasses.replace(
+        toy(),
+        name="many",
+        cases=lambda lane: [Case("many", {"rows": 4, "cols": 8}, seed=s) for s in range(6)],
+    )
+    few = dataclasses.replace(
+        toy(), name="few", cases=lambda lane: [Case("few", {"rows": 4, "cols": 8}, seed=s) for s in range(2)]
+    )
+    units = _units([few, many], Lane.CPU, include_baselines=False, interleave=True)
+    assert _order(units) == [
+        ("few", 0),
+        ("many", 0),
+        ("many", 1),
+        ("many", 2),
+        ("few", 1),  # 1/2 of the way, as many's unit 3 (ties in component order)
+        ("many", 3),
+        ("many", 4),
+        ("many", 5),
+    ]
 
 
 def _stats(*compiled):
