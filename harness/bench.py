@@ -99,16 +99,24 @@ def captured_call_microseconds(fn: Callable[[], Any]) -> float | None:
     except Exception:  # not capturable: no device time to size from
         torch.cuda.synchronize()
         return None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fastest = min(_replay_microseconds(graph.replay, 5))
+    del graph
+    return fastest
+
+
+def _replay_microseconds(run: Callable[[], Any], reps: int) -> list[float]:
+    """Microseconds of each of ``reps`` calls of ``run``, each between CUDA events on the current stream."""
+    import torch
+
     times = []
-    for _ in range(5):
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graph.replay()
+        run()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000.0)
-    del graph
-    return min(times)
+    return times
 
 
 def _capture(fn: Callable[[], Any], calls: int) -> Any:
@@ -160,15 +168,7 @@ def time_call(fn: Callable[[], Any], reps: int, calls: int = DEFAULT_CALLS_PER_R
             for _ in range(calls):
                 fn()
 
-    samples = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000.0 / calls)
-    return statistics.median(samples), mode
+    return statistics.median(_replay_microseconds(run, reps)) / calls, mode
 
 
 def case_calls_per_replay(fns: Sequence[Callable[[], Any]]) -> int:
