@@ -187,8 +187,12 @@ def launch(
     has_indices = indices is not None
     idx = kernel_operand(indices).contiguous() if indices is not None else seq_lens  # a dummy pointer
     # The grid and workspace are sized from the longest length (validation has read the lengths
-    # already), from the table's capacity under CUDA-graph capture (no host read there).
-    longest = None if _capturing(seq_lens) or indices is not None else int(seq_lens.max())
+    # already: ``shape.longest``), from the table's capacity under CUDA-graph capture (no host
+    # read there).
+    if _capturing(seq_lens) or indices is not None:
+        longest = None
+    else:
+        longest = shape.longest if shape.longest is not None else int(seq_lens.max())
     splits = max_splits(shape, config.split_tokens, longest)
     rows = shape.num_requests * shape.q_len * shape.num_q_heads
     check_grid(rows, splits, config.split_tokens, "seq_lens" if indices is None else "indices")

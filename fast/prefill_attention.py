@@ -270,7 +270,12 @@ def launch(
     # in a CUDA graph, and validation has read them already): T rows x the most splits any row
     # of this launch has.  It sizes the grid and the workspace's row stride only -- a split
     # beyond a row's own keys writes nothing and is never merged -- never a row's arithmetic.
-    longest = (shape.index_slots or 0) if idx is not None else max(_lens(seq_lens), default=0)
+    if idx is not None:
+        longest = shape.index_slots or 0
+    elif shape.longest is not None:  # read by validation
+        longest = shape.longest
+    else:
+        longest = max(_lens(seq_lens), default=0)
     return launch_rows(
         q,
         k_cache,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -59,6 +59,10 @@ class AttentionShape:
     page_size: int  # S
     max_pages: int  # T
     index_slots: int | None  # K (None: dense mode)
+    #: the longest length of ``seq_lens`` where validation read the values (None where it did
+    #: not: under CUDA-graph capture, or R = 0), so the launcher sizes its grid without reading
+    #: them again
+    longest: int | None = None
 
     @property
     def group(self) -> int:
@@ -159,7 +163,7 @@ def check_decode_attention_arguments(
     if read_values is None:
         read_values = not _capturing(q.device)
     if read_values and num_requests:
-        _check_values(shape, block_table, seq_lens, indices)
+        shape = replace(shape, longest=_check_values(shape, block_table, seq_lens, indices))
     return shape
 
 
@@ -167,10 +171,34 @@ def _first(bad: torch.Tensor) -> int:
     return int(bad.nonzero()[0, 0])
 
 
+def host_int64(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Integer tensors read to the host as int64, in their shapes, with one device-to-host copy
+    for all of them (each copy waits for the device: a host sync)."""
+    flat = torch.cat([t.reshape(-1).to(torch.int64) for t in tensors]).cpu()
+    parts = flat.split([t.numel() for t in tensors])
+    return [part.reshape(t.shape) for part, t in zip(parts, tensors, strict=True)]
+
+
 def _check_values(
     shape: AttentionShape, block_table: torch.Tensor, seq_lens: torch.Tensor, indices: torch.Tensor | None
-) -> None:
-    lens = seq_lens.to(torch.int64).cpu()  # [R]
+) -> int:
+    """Raise on a value the call cannot take (see :func:`check_decode_attention_arguments`);
+    return the longest length.  One host read for all the tensors."""
+    lens, table, *rest = host_int64(seq_lens, block_table, *([] if indices is None else [indices]))
+    return check_host_values(shape, lens, table, rest[0] if rest else None)
+
+
+def check_host_values(
+    shape: AttentionShape, lens: torch.Tensor, table: torch.Tensor, idx: torch.Tensor | None
+) -> int:
+    """The value checks of :func:`check_decode_attention_arguments` on host int64 copies of
+    ``seq_lens [R]``, ``block_table [R, T]`` and ``indices [R, Q, K]`` (or None), R >= 1 (read
+    with :func:`host_int64`, e.g. together with a caller's other tensors); returns the longest
+    length.
+
+    Raises:
+        ArgumentError: as :func:`check_decode_attention_arguments` with values read.
+    """
     if bool((lens < 0).any()):
         r = _first(lens < 0)
         raise ArgumentError("seq_lens", f"lengths >= 0 (request {r})", int(lens[r]))
@@ -190,7 +218,6 @@ def _check_values(
             f"(the pages block_table holds; request {r})",
             int(lens[r]),
         )
-    table = block_table.to(torch.int64).cpu()  # [R, T]
     referenced = torch.arange(shape.max_pages)[None, :] < pages_needed[:, None]  # [R, T]
     bad = referenced & ((table < 0) | (table >= shape.num_pages))
     if bool(bad.any()):
@@ -200,8 +227,7 @@ def _check_values(
             f"page ids in [0, {shape.num_pages}) for referenced pages (request {r}, logical page {j})",
             int(table[r, j]),
         )
-    if indices is not None:
-        idx = indices.to(torch.int64).cpu()  # [R, Q, K]
+    if idx is not None:  # [R, Q, K]
         bad = (idx < -1) | (idx >= lens[:, None, None])
         if bool(bad.any()):
             r, i, k = (int(v) for v in bad.nonzero()[0])
@@ -210,6 +236,7 @@ def _check_values(
                 f"positions in [0, seq_len = {int(lens[r])}) or -1 (request {r}, token {i}, slot {k})",
                 int(idx[r, i, k]),
             )
+    return int(lens.max())
 
 
 def fp32_scale(scale: float) -> float:

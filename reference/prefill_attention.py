@@ -33,6 +33,7 @@ every index -1) gives o = +0 and lse = -inf, never NaN.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -42,7 +43,9 @@ from batchinv.reference.decode_attention import (
     ATTENTION_DTYPES,
     AttentionShape,
     check_decode_attention_arguments,
+    check_host_values,
     decode_attention,
+    host_int64,
 )
 from batchinv.reference.errors import ArgumentError, check_same_device, check_tensor
 from batchinv.reference.exact import round_once
@@ -116,13 +119,20 @@ def check_prefill_attention_arguments(
     # decode's checks of everything but q's rows: an empty (R, 0, Hq, D) stand-in of q
     stand_in = q.new_empty((num_requests, 0, num_q_heads, head_dim))
     shape = check_decode_attention_arguments(
-        stand_in, k_cache, v_cache, block_table, seq_lens, scale, None, read_values=True
+        stand_in, k_cache, v_cache, block_table, seq_lens, scale, None, read_values=False
     )
     if indices is not None and indices.shape[0] != num_rows:
         raise ArgumentError(
             "indices", f"shape (T, K) = ({num_rows}, K) (T: the rows of q)", tuple(indices.shape)
         )
-    cu = [int(v) for v in cu_seqlens_q.tolist()]
+    # every value checked below, read to the host in one copy (each copy is a host sync)
+    read_indices = indices is not None and indices.numel() > 0
+    lens_host, table_host, cu_host, *rest = host_int64(
+        seq_lens, block_table, cu_seqlens_q, *([indices] if read_indices else [])
+    )
+    if num_requests:  # decode's value checks (lengths, referenced page ids), first as in decode
+        shape = dataclasses.replace(shape, longest=check_host_values(shape, lens_host, table_host, None))
+    cu = [int(v) for v in cu_host.tolist()]
     if cu[0] != 0:
         raise ArgumentError("cu_seqlens_q", "a first entry of 0", cu[0])
     for r in range(num_requests):
@@ -141,7 +151,7 @@ def check_prefill_attention_arguments(
             )
     if cu[-1] != num_rows:
         raise ArgumentError("cu_seqlens_q", f"a last entry of T = {num_rows} (the rows of q)", cu[-1])
-    lens = [int(v) for v in seq_lens.tolist()]
+    lens = [int(v) for v in lens_host.tolist()]
     for r in range(num_requests):
         q_len = cu[r + 1] - cu[r]
         if q_len > lens[r]:
@@ -150,13 +160,13 @@ def check_prefill_attention_arguments(
                 f"lengths >= q_len = {q_len} (the new tokens are part of it; request {r})",
                 lens[r],
             )
-    if indices is not None and indices.numel():
-        _check_indices(indices, cu, lens)
+    if rest:
+        _check_indices(rest[0], cu, lens)
     return shape, cu
 
 
-def _check_indices(indices: torch.Tensor, cu: list[int], lens: list[int]) -> None:
-    idx = indices.to(torch.int64).cpu()  # [T, K]
+def _check_indices(idx: torch.Tensor, cu: list[int], lens: list[int]) -> None:
+    """``idx``: the host int64 copy of ``indices`` [T, K]."""
     rows = torch.arange(idx.shape[0])  # [T]
     request = torch.bucketize(rows, torch.tensor(cu[1:]), right=True)  # [T], row t's request r
     start = torch.tensor(cu[:-1])[request]  # [T]

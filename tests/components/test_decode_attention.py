@@ -666,3 +666,29 @@ def test_interpreter_switched_on_after_import_is_a_device_error_that_says_so(mon
     batch = component.build(case_of(R=1), torch.device("cpu"))
     with pytest.raises(DeviceError, match=r"BEFORE batchinv\.fast"):
         fast(**batch.kwargs())
+
+
+def test_validation_reads_the_longest_length_once_for_the_launcher():
+    """The launcher sizes its grid from ``AttentionShape.longest``, read with the other values in
+    validation's one host copy; without the values read (CUDA-graph capture) it stays None."""
+    from batchinv.reference.decode_attention import check_decode_attention_arguments, host_int64
+    from batchinv.reference.prefill_attention import check_prefill_attention_arguments
+
+    q = torch.zeros(3, 1, 2, 16, dtype=torch.bfloat16)
+    cache = torch.zeros(6, 4, 1, 16, dtype=torch.bfloat16)
+    table = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)
+    lens = torch.tensor([5, 8, 1], dtype=torch.int32)
+    shape = check_decode_attention_arguments(q, cache, cache, table, lens, 0.25)
+    assert shape.longest == 8
+    assert (
+        check_decode_attention_arguments(q, cache, cache, table, lens, 0.25, read_values=False).longest
+        is None
+    )
+    cu = torch.tensor([0, 1, 3, 4], dtype=torch.int32)
+    shape, cu_list = check_prefill_attention_arguments(
+        q[:, 0][[0, 1, 1, 2]], cache, cache, table, cu, lens, 0.25
+    )
+    assert shape.longest == 8 and cu_list == [0, 1, 3, 4]
+    parts = host_int64(lens, table, cu.to(torch.int64))
+    assert [p.dtype for p in parts] == [torch.int64] * 3
+    assert [p.tolist() for p in parts] == [lens.tolist(), table.tolist(), cu.tolist()]

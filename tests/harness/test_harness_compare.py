@@ -141,3 +141,14 @@ def test_matching_nan_classes_pass_whatever_their_bound():
     ref = torch.tensor([[math.nan, 1.0]], dtype=torch.float64)
     act = torch.tensor([[math.nan, 1.0]])
     assert compare_tolerance(ref, act, torch.tensor([[math.nan, 0.0]], dtype=torch.float64)).within
+
+
+def test_bitwise_equal_reads_every_pair():
+    from batchinv.harness.compare import bitwise_equal
+
+    x = torch.randn(5, 4)
+    neg_zero = torch.zeros(5, 4)
+    neg_zero[3, 1] = -0.0
+    pairs = [(x, x.clone()), (torch.zeros(5, 4), neg_zero), (torch.empty(0, 4), torch.empty(0, 4))]
+    assert bitwise_equal(pairs) == [True, False, True]
+    assert bitwise_equal([]) == []

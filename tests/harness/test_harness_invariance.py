@@ -177,3 +177,45 @@ def test_modes_passes_when_compiled_equals_eager_at_every_m():
 
     result = invariance.modes(eager, eager, None, _batch(rows=12), ms=[1, 8])
     assert result.passed
+
+
+# --- the fused host reads: one device-to-host copy per call, every tensor still checked --------
+
+
+@pytest.mark.parametrize("victim", ["a", "b", "c"])
+def test_inputs_untouched_names_the_one_input_written(victim):
+    batch = Batch(
+        {"a": torch.zeros(4, 3), "b": torch.arange(4, dtype=torch.int32)}, {"c": torch.ones(2, 5), "s": 1.0}
+    )
+    tensors = {**batch.rows, "c": batch.shared["c"]}
+    with pytest.raises(invariance.ContractViolation, match=f"its input '{victim}'"):
+        with invariance.inputs_untouched(batch):
+            tensors[victim].view(-1)[-1] += 1  # the last byte of the storage only
+
+
+def test_inputs_untouched_sees_a_write_into_hidden_storage_and_a_resize():
+    base = torch.zeros(8)
+    batch = Batch({"x": base[:4]}, {})  # a view: the storage past it is the input's too
+    with pytest.raises(invariance.ContractViolation, match="'x'"):
+        with invariance.inputs_untouched(batch):
+            base[6] = 1.0
+    batch = Batch({"x": torch.zeros(4)}, {})
+    with pytest.raises(invariance.ContractViolation, match="'x'"):
+        with invariance.inputs_untouched(batch):
+            batch.rows["x"].untyped_storage().resize_(64)
+
+
+def test_inputs_untouched_passes_an_untouched_batch():
+    batch = Batch({"x": torch.randn(4, 3), "n": torch.arange(4)}, {"pool": torch.randn(3, 2)})
+    with invariance.inputs_untouched(batch):
+        (batch.rows["x"] * 2).sum()
+
+
+def test_compare_outputs_reports_each_output_with_one_read():
+    a = [torch.zeros(3, 2), torch.arange(3, dtype=torch.int32), torch.zeros(())]
+    b = [a[0].clone(), a[1].clone(), a[2].clone()]
+    b[1][2] = 7
+    reports = invariance.compare_outputs(a, b)
+    assert [r.equal for r in reports] == [True, False, True]
+    assert [r.rows_total for r in reports] == [3, 3, 1]
+    assert reports[1].differing_rows == [2] and reports[1].first.row == 2
