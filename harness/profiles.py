@@ -171,7 +171,8 @@ class Selection:
         """``(check, case index)`` of a control, in the order it runs them (it ends at the first
         detection): case by case, every check of the case, except that a baseline first runs the
         checks it is caught by (``Baseline.caught_by``, ``config_equivalence`` for a
-        ``config_control``) over every case, then the rest -- the same pairs in another order, so
+        ``config_control``) over every case, then the rest, the fresh-process checks
+        (``cross_process``, seconds of start-up each) last -- the same pairs in another order, so
         the same verdict, found without first running the checks that cannot see it (in every
         profile: the pytest controls and the GPU sweep too).  The one exception: a control also
         ends at its first crash or timeout, so where a pair crashes the order decides whether the
@@ -187,7 +188,13 @@ class Selection:
         ):  # no fresh processes
             pairs = [p for p in pairs if p[0] not in PROCESS_CHECKS]
         first = set(baseline.caught_by) | ({"config_equivalence"} if baseline.config_control else set())
-        return tuple(sorted(pairs, key=lambda p: p[0] not in first))  # stable: order kept within each
+
+        def rank(pair: tuple[str, int]) -> int:
+            if pair[0] in first:
+                return 0
+            return 2 if pair[0] in PROCESS_CHECKS else 1  # a fresh interpreter costs seconds
+
+        return tuple(sorted(pairs, key=rank))  # stable: order kept within each
 
     def control_cases(self, comp: Component, baseline: Baseline | None, lane: Lane) -> tuple[int, ...]:
         """Indices into ``comp.cases(lane)`` a control runs over, in order: every case for a

@@ -62,6 +62,11 @@ def test_quick_profile_judges_every_check_and_runs_every_required_control_as_ful
                 n = sum(ch in first for ch, _ in f)
                 assert {ch for ch, _ in q[:n]} <= first  # the checks it is caught by go first
                 assert [p for p in q if p[0] not in first] == [p for p in f if p[0] not in first]
+                # ... and the fresh-process checks it is not caught by go last, after every case's
+                # in-process checks (seconds of start-up each, run only when those find nothing)
+                process = [k for k, (ch, _) in enumerate(q) if ch in PROCESS_CHECKS and ch not in first]
+                in_process = [k for k, (ch, _) in enumerate(q) if ch not in PROCESS_CHECKS]
+                assert not process or not in_process or min(process) > max(in_process), (comp.name, b.name)
             else:  # quick leaves cross_process's fresh processes to the required controls
                 cut = set() if b.is_pin_candidate else set(PROCESS_CHECKS)
                 assert {ch for ch, _ in quick[(comp.name, b.name)]} == {
