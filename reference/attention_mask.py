@@ -146,14 +146,6 @@ def visible_key_ranges(
     else:
         masked = (m == -torch.inf) | (m == torch.finfo(mask.dtype).min)  # (..., q, kv)
         bad = ~(masked | (m == 0))
-        if validate and bool(bad.any()):
-            index = tuple(int(v) for v in bad.nonzero()[0])
-            raise ArgumentError(
-                "mask",
-                "additive values 0 (attend), -inf or finfo("
-                f"{str(mask.dtype).removeprefix('torch.')}).min (masked) ({_where(index, lead)})",
-                float(m[index]),
-            )
         visible = ~masked
     if is_causal:
         keys = torch.arange(kv_len, device=m.device)  # (kv,)
@@ -168,7 +160,21 @@ def visible_key_ranges(
     start = torch.where(empty, 0, start)
     end = torch.where(empty, 0, end)
     gapped = end - start != count  # (..., q)
-    if validate and bool(gapped.any()):
+    if not validate:
+        return start.to(torch.int64), end.to(torch.int64)
+    # both checks' flags read to the host in one copy (each copy is a host sync)
+    any_bad, any_gapped = torch.stack(
+        [bad.any() if mask.dtype != torch.bool else gapped.new_zeros(()), gapped.any()]
+    ).tolist()
+    if any_bad:  # an additive value first, as the checks read
+        index = tuple(int(v) for v in bad.nonzero()[0])
+        raise ArgumentError(
+            "mask",
+            "additive values 0 (attend), -inf or finfo("
+            f"{str(mask.dtype).removeprefix('torch.')}).min (masked) ({_where(index, lead)})",
+            float(m[index]),
+        )
+    if any_gapped:
         index = tuple(int(v) for v in gapped.nonzero()[0])
         keys_seen = visible[index].nonzero().flatten().tolist()
         raise ArgumentError(
