@@ -329,6 +329,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         )
     only_outside = bool(args.subject)  # --subject: the named subjects alone
     jobs = _jobs(args, lane)
+    if lane.is_gpu and jobs > 1:  # the workers read it (harness/cuda_wait.py): refused here first
+        from batchinv.harness.cuda_wait import wait_mode
+
+        try:
+            wait_mode()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     report_path = _report_path(args, lane)
     env = environment(lane)
     console.print(

@@ -390,6 +390,10 @@ def _worker_init(lane_value: str, threads: int, jobs: int, slot: int) -> None:
 
     lane = Lane(lane_value)
     enter_lane(lane)
+    if lane.is_gpu:  # twelve workers share the GPU: a wait for it sleeps, leaving the core free
+        from batchinv.harness.cuda_wait import prefer_blocking_sync
+
+        prefer_blocking_sync()
     import torch
 
     torch.set_num_threads(threads)
