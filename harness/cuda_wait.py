@@ -72,12 +72,17 @@ def prefer_blocking_sync(library: str = "libcuda.so.1") -> str:
     status = cuda.cuDeviceGetCount(ctypes.byref(count))
     if status != 0 or count.value == 0:
         return f"spin (no device: error {status})"
-    set_flags = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or cuda.cuDevicePrimaryCtxSetFlags
+    set_flags = getattr(cuda, "cuDevicePrimaryCtxSetFlags_v2", None) or getattr(
+        cuda, "cuDevicePrimaryCtxSetFlags", None
+    )
+    get_state = getattr(cuda, "cuDevicePrimaryCtxGetState", None)
+    if set_flags is None or get_state is None:
+        return "spin (the driver has no primary-context flags)"
     for ordinal in range(count.value):
         device, flags, active = ctypes.c_int(0), ctypes.c_uint(0), ctypes.c_int(0)
         status = cuda.cuDeviceGet(ctypes.byref(device), ordinal)
         if status == 0:
-            status = cuda.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(active))
+            status = get_state(device, ctypes.byref(flags), ctypes.byref(active))
         if status == 0:  # the scheduling bits replaced, every other flag kept
             wanted = (flags.value & ~CU_CTX_SCHED_MASK) | CU_CTX_SCHED_BLOCKING_SYNC
             status = set_flags(device, ctypes.c_uint(wanted))

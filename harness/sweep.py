@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 import traceback
 from collections import deque
@@ -393,7 +394,9 @@ def _worker_init(lane_value: str, threads: int, jobs: int, slot: int) -> None:
     if lane.is_gpu:  # twelve workers share the GPU: a wait for it sleeps, leaving the core free
         from batchinv.harness.cuda_wait import prefer_blocking_sync
 
-        prefer_blocking_sync()
+        how = prefer_blocking_sync()
+        if how != "block" and not how.startswith("spin (BATCHINV"):
+            print(f"batchinv sweep worker {slot}: GPU waits spin: {how}", file=sys.stderr)
     import torch
 
     torch.set_num_threads(threads)
@@ -566,6 +569,10 @@ def _execute(
             results = run_unit(comps[unit.component], unit, lane, m_limit, timeout)
             yield unit, results, compile_stats.snapshot() - before
         return
+    if lane.is_gpu:  # read by every worker (harness/cuda_wait.py): a bad value fails here, once
+        from batchinv.harness.cuda_wait import wait_mode
+
+        wait_mode()
     limit = _limit(lane, timeout)
     threads = max(1, (os.cpu_count() or 1) // jobs)
     ctx = get_context("spawn")

@@ -121,10 +121,6 @@ def check_prefill_attention_arguments(
     shape = check_decode_attention_arguments(
         stand_in, k_cache, v_cache, block_table, seq_lens, scale, None, read_values=False
     )
-    if indices is not None and indices.shape[0] != num_rows:
-        raise ArgumentError(
-            "indices", f"shape (T, K) = ({num_rows}, K) (T: the rows of q)", tuple(indices.shape)
-        )
     # every value checked below, read to the host in one copy (each copy is a host sync)
     read_indices = indices is not None and indices.numel() > 0
     lens_host, table_host, cu_host, *rest = host_int64(
@@ -132,6 +128,10 @@ def check_prefill_attention_arguments(
     )
     if num_requests:  # decode's value checks (lengths, referenced page ids), first as in decode
         shape = dataclasses.replace(shape, longest=check_host_values(shape, lens_host, table_host, None))
+    if indices is not None and indices.shape[0] != num_rows:
+        raise ArgumentError(
+            "indices", f"shape (T, K) = ({num_rows}, K) (T: the rows of q)", tuple(indices.shape)
+        )
     cu = [int(v) for v in cu_host.tolist()]
     if cu[0] != 0:
         raise ArgumentError("cu_seqlens_q", "a first entry of 0", cu[0])

@@ -156,7 +156,8 @@ def phase_paired(
             sub_cu.append(sub_cu[-1] + q_lens[r])
         req = torch.tensor(requests, device=q.device)
         sub_cu_t = torch.tensor(sub_cu, dtype=torch.int32, device=q.device)
-        sub_shape = dataclasses.replace(shape, num_requests=len(requests))
+        # the sub-batch's own longest length (None: the launcher reads it), not the batch's
+        sub_shape = dataclasses.replace(shape, num_requests=len(requests), longest=None)
         sub_o, sub_lse = launch(
             q.index_select(0, rows),
             k_cache,

@@ -692,3 +692,36 @@ def test_validation_reads_the_longest_length_once_for_the_launcher():
     parts = host_int64(lens, table, cu.to(torch.int64))
     assert [p.dtype for p in parts] == [torch.int64] * 3
     assert [p.tolist() for p in parts] == [lens.tolist(), table.tolist(), cu.tolist()]
+
+
+@pytest.mark.parametrize(
+    ("lens", "table", "argument"),
+    [
+        ([-1, 8, 1], [[0, 1], [2, 3], [4, 5]], "seq_lens"),  # a negative length
+        ([5, 9, 1], [[0, 1], [2, 3], [4, 5]], "seq_lens"),  # more pages than the table holds
+        ([5, 8, 1], [[0, 9], [2, 3], [4, 5]], "block_table"),  # a referenced page id past P
+    ],
+)
+def test_prefill_validation_reads_once_and_keeps_decode_checks_first(lens, table, argument):
+    """The one host read of prefill's validation keeps its errors in their order: decode's value
+    checks (lengths, page ids) come before the shape of ``indices`` (found by a breaker: the read
+    once moved them after it)."""
+    from batchinv.reference.errors import ArgumentError
+    from batchinv.reference.prefill_attention import check_prefill_attention_arguments
+
+    q = torch.zeros(4, 2, 16, dtype=torch.bfloat16)
+    cache = torch.zeros(6, 4, 1, 16, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 1, 3, 4], dtype=torch.int32)
+    wrong_rows = torch.zeros(3, 2, dtype=torch.int32)  # T is 4
+    with pytest.raises(ArgumentError) as err:
+        check_prefill_attention_arguments(
+            q,
+            cache,
+            cache,
+            torch.tensor(table, dtype=torch.int32),
+            cu,
+            torch.tensor(lens, dtype=torch.int32),
+            0.25,
+            wrong_rows,
+        )
+    assert err.value.argument == argument

@@ -292,3 +292,35 @@ def test_row_slices_give_the_same_bits(sparse, monkeypatch):
         o, lse = fast(q, k, v, table, cu, i32(lens), indices=indices)
         assert_same_bits(o, o_one, f"o, {rows_per_launch} row(s) per launch")
         assert_same_bits(lse, lse_one, f"lse, {rows_per_launch} row(s) per launch")
+
+
+def test_phase_paired_sizes_each_launch_from_its_own_requests(monkeypatch):
+    """The baseline's decode launch gets a grid for its own requests' lengths, not the whole
+    batch's longest (validation's ``AttentionShape.longest``; found by a breaker: the decode half
+    was sized from the 1200-token prefill request)."""
+    from batchinv.fast import prefill_attention as module
+    from batchinv.fast.baselines.prefill_attention import phase_paired
+
+    seen = []
+
+    def spy(q, k, v, kv, block_table, seq_lens, rows, indices, **kw):
+        seen.append((seq_lens.tolist(), kw["splits"], kw["config"].split_tokens))
+        return (
+            torch.zeros(q.shape, dtype=q.dtype),
+            torch.zeros(q.shape[:2], dtype=torch.float32),
+        )
+
+    monkeypatch.setattr(module, "launch_rows", spy)
+    lens = [3, 1200]
+    pages = [math.ceil(n / 16) for n in lens]
+    table = torch.zeros(2, max(pages), dtype=torch.int32)
+    table[0, : pages[0]] = torch.arange(pages[0])
+    table[1, : pages[1]] = torch.arange(pages[0], pages[0] + pages[1])
+    cache = torch.zeros(sum(pages), 16, 1, 16, dtype=torch.bfloat16)
+    q = torch.zeros(3, 1, 16, dtype=torch.bfloat16)  # request 0: 1 row (decode), request 1: 2 rows
+    cu = torch.tensor([0, 1, 3], dtype=torch.int32)
+    phase_paired(q, cache, cache, table, cu, torch.tensor(lens, dtype=torch.int32))
+    assert [s[0] for s in seen] == [[3], [1200]]
+    (_, decode_splits, decode_split), (_, prefill_splits, prefill_split) = seen
+    assert decode_splits == math.ceil(3 / decode_split)
+    assert prefill_splits == math.ceil(1200 / prefill_split)

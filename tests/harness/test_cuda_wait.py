@@ -71,3 +71,29 @@ def test_a_bad_wait_mode_names_the_variable(monkeypatch):
     monkeypatch.setenv(cuda_wait.WAIT_ENV, "yield")
     with pytest.raises(ValueError, match="BATCHINV_CUDA_WAIT: expected one of block, spin; got 'yield'"):
         cuda_wait.prefer_blocking_sync()
+
+
+def test_a_driver_without_primary_context_flags_is_not_an_error(tmp_path, monkeypatch):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the stand-in driver")
+    src = tmp_path / "old_cuda.c"
+    src.write_text(
+        "int cuInit(unsigned f) { return 0; }\nint cuDeviceGetCount(int *n) { *n = 1; return 0; }\n"
+    )
+    lib = tmp_path / "libold_cuda.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    monkeypatch.delenv(cuda_wait.WAIT_ENV, raising=False)
+    assert cuda_wait.prefer_blocking_sync(str(lib)) == "spin (the driver has no primary-context flags)"
+
+
+def test_a_gpu_sweep_refuses_a_bad_wait_mode_before_starting_workers(monkeypatch):
+    from batchinv.harness import sweep
+    from batchinv.harness.lanes import Lane
+
+    monkeypatch.setenv(cuda_wait.WAIT_ENV, "yield")
+    started = []
+    monkeypatch.setattr(sweep, "get_context", lambda *a: started.append(a))
+    with pytest.raises(ValueError, match="BATCHINV_CUDA_WAIT"):
+        list(sweep._execute({}, [], Lane.SM90, None, jobs=2))
+    assert not started

@@ -219,3 +219,12 @@ def test_compare_outputs_reports_each_output_with_one_read():
     assert [r.equal for r in reports] == [True, False, True]
     assert [r.rows_total for r in reports] == [3, 3, 1]
     assert reports[1].differing_rows == [2] and reports[1].first.row == 2
+
+
+def test_inputs_untouched_reads_around_a_meta_input():
+    """A meta tensor has no bytes to compare; a write into the batch's other inputs is still
+    named (found by a breaker: the one read per device once stopped at the meta tensor)."""
+    batch = Batch({"y": torch.zeros(3), "x": torch.empty(3, device="meta")}, {})
+    with pytest.raises(invariance.ContractViolation, match="'y'"):
+        with invariance.inputs_untouched(batch):
+            batch.rows["y"][0] = 1.0
