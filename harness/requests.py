@@ -29,6 +29,7 @@ import torch
 from batchinv.harness.lanes import Lane
 from batchinv.harness.neighbours import Transform, rewritable, rewrite_at, rewrite_rows
 from batchinv.harness.registry import Batch, Case, RequestModel
+from batchinv.reference.host_read import host_int64
 
 # --- hypothesis strategies ------------------------------------------------------------------
 
@@ -227,8 +228,8 @@ class PagedLayout:
         From ``generator``, in order: the spare count, the page order, the extra columns, the
         padding."""
         bt = batch.rows[self.block_table]
-        table = bt.cpu().to(torch.int64)
-        lengths = [int(n) for n in batch.rows[self.seq_lens].cpu().tolist()]
+        table, lens = host_int64(bt, batch.rows[self.seq_lens])  # one host read for both
+        lengths = [int(n) for n in lens.tolist()]
         page_size = int(batch.shared[self.pools[0]].shape[1])
         need = pages_needed(lengths, page_size)
         total = sum(need) + 1 + int(torch.randint(self.spare_pages, (1,), generator=generator))
@@ -270,8 +271,8 @@ class PagedLayout:
         that no kept request references (a page shared with a kept request is the kept
         request's data).  Unreferenced tokens stay NaN.  Also returns whether anything changed."""
         out, changed = rewrite_rows(batch, keep, transform, content_rows)
-        table = batch.rows[self.block_table].cpu().to(torch.int64)
-        lengths = [int(n) for n in batch.rows[self.seq_lens].cpu().tolist()]
+        table, lens = host_int64(batch.rows[self.block_table], batch.rows[self.seq_lens])
+        lengths = [int(n) for n in lens.tolist()]
         first = batch.shared[self.pools[0]]
         page_size = int(first.shape[1])
         kept_set = {int(k) for k in keep}

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from batchinv.reference.errors import ArgumentError, DTypeError, check_same_device, check_tensor
+from batchinv.reference.host_read import host_int64
 
 __all__ = [
     "ATTENTION_DTYPES",
@@ -169,14 +170,6 @@ def check_decode_attention_arguments(
 
 def _first(bad: torch.Tensor) -> int:
     return int(bad.nonzero()[0, 0])
-
-
-def host_int64(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """Integer tensors read to the host as int64, in their shapes, with one device-to-host copy
-    for all of them (each copy waits for the device: a host sync)."""
-    flat = torch.cat([t.reshape(-1).to(torch.int64) for t in tensors]).cpu()
-    parts = flat.split([t.numel() for t in tensors])
-    return [part.reshape(t.shape) for part, t in zip(parts, tensors, strict=True)]
 
 
 def _check_values(

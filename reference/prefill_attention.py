@@ -45,10 +45,10 @@ from batchinv.reference.decode_attention import (
     check_decode_attention_arguments,
     check_host_values,
     decode_attention,
-    host_int64,
 )
 from batchinv.reference.errors import ArgumentError, check_same_device, check_tensor
 from batchinv.reference.exact import round_once
+from batchinv.reference.host_read import host_int64
 
 __all__ = [
     "CU_SEQLENS_DTYPES",

@@ -671,7 +671,8 @@ def test_interpreter_switched_on_after_import_is_a_device_error_that_says_so(mon
 def test_validation_reads_the_longest_length_once_for_the_launcher():
     """The launcher sizes its grid from ``AttentionShape.longest``, read with the other values in
     validation's one host copy; without the values read (CUDA-graph capture) it stays None."""
-    from batchinv.reference.decode_attention import check_decode_attention_arguments, host_int64
+    from batchinv.reference.decode_attention import check_decode_attention_arguments
+    from batchinv.reference.host_read import host_int64
     from batchinv.reference.prefill_attention import check_prefill_attention_arguments
 
     q = torch.zeros(3, 1, 2, 16, dtype=torch.bfloat16)
