@@ -154,21 +154,29 @@ def compare_bitwise(expected: torch.Tensor, actual: torch.Tensor) -> BitwiseRepo
     return BitwiseReport(False, exp2.shape[0], len(differing), differing, first, worst)
 
 
+def host_bools(flags: list[torch.Tensor]) -> list[bool]:
+    """0-d bool tensors read to the host with one device-to-host copy per device (not one per
+    flag): under a GPU shared by a sweep's workers each read can wait out other processes' time
+    slices."""
+    by_device: dict[torch.device, list[int]] = {}
+    for i, flag in enumerate(flags):
+        by_device.setdefault(flag.device, []).append(i)
+    values = [False] * len(flags)
+    for indices in by_device.values():
+        for i, value in zip(indices, torch.stack([flags[i] for i in indices]).tolist(), strict=True):
+            values[i] = bool(value)
+    return values
+
+
 def bitwise_equal(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
     """Whether each (expected, actual) pair of the same dtype and shape has the same bits, read
-    back with one device-to-host copy per device (not one per pair): under a GPU shared by a
-    sweep's workers each read can wait out other processes' time slices.  ``actual`` is moved
-    to ``expected``'s device.  For the details of a differing pair, :func:`compare_bitwise`."""
-    flags: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
-    for i, (expected, actual) in enumerate(pairs):
-        exp2 = _rows_2d(expected.detach())
-        act2 = _rows_2d(actual.detach().to(expected.device))
-        flags.setdefault(exp2.device, []).append((i, (int_view(exp2) != int_view(act2)).any()))
-    equal = [True] * len(pairs)
-    for group in flags.values():
-        for (i, _), differs in zip(group, torch.stack([f for _, f in group]).tolist(), strict=True):
-            equal[i] = not differs
-    return equal
+    back in one copy per device (:func:`host_bools`).  ``actual`` is moved to ``expected``'s
+    device.  For the details of a differing pair, :func:`compare_bitwise`."""
+    differs = [
+        (int_view(expected.detach()) != int_view(actual.detach().to(expected.device))).any()
+        for expected, actual in pairs
+    ]
+    return [not d for d in host_bools(differs)]
 
 
 @dataclass

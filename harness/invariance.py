@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from batchinv.harness import phases, provenance
-from batchinv.harness.compare import BitwiseReport, bitwise_equal, compare_bitwise
+from batchinv.harness.compare import BitwiseReport, bitwise_equal, compare_bitwise, host_bools
 from batchinv.harness.lanes import Lane
 from batchinv.harness.neighbours import Transform
 from batchinv.harness.phases import PhaseModel, Piece
@@ -51,22 +51,23 @@ def inputs_untouched(batch: Batch) -> Iterator[None]:
     tensors = {**batch.rows, **{k: v for k, v in batch.shared.items() if isinstance(v, torch.Tensor)}}
     before = {k: t.untyped_storage().clone() for k, t in tensors.items()}
     yield
-    written = [name for name in tensors if before[name].nbytes() != tensors[name].untyped_storage().nbytes()]
-    # One device-to-host read per device for all the tensors (not one per tensor): under a GPU
-    # shared by a sweep's workers each read can wait out other processes' time slices.
-    flags: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
-    for name, t in tensors.items():
-        if name in written or t.device.type == "meta":  # a meta tensor has no bytes to compare
-            continue
+    resized = {name for name in tensors if before[name].nbytes() != tensors[name].untyped_storage().nbytes()}
+    # a meta tensor has no bytes to compare
+    compared = [n for n, t in tensors.items() if n not in resized and t.device.type != "meta"]
+
+    def differs(name: str) -> torch.Tensor:
+        t = tensors[name]
         a = torch.empty(0, dtype=torch.uint8, device=t.device).set_(before[name])
         b = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-        flags.setdefault(t.device, []).append((name, (a != b).any()))
-    for pairs in flags.values():
-        differs = torch.stack([flag for _, flag in pairs]).tolist()
-        written += [name for (name, _), bad in zip(pairs, differs, strict=True) if bad]
+        return (a != b).any()
+
+    # one host read per device for all the inputs (host_bools)
+    written = resized | {
+        n for n, bad in zip(compared, host_bools([differs(n) for n in compared]), strict=True) if bad
+    }
     if written:
         raise ContractViolation(
-            f"the subject wrote into its input {sorted(written, key=list(tensors).index)[0]!r}"
+            f"the subject wrote into its input {next(n for n in tensors if n in written)!r}"
         )
 
 
